@@ -1,0 +1,168 @@
+"""The entry point: a Broker is a connection pool on one broker schema."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
+
+from airflow_broker import migrations
+from airflow_broker.embedded import EmbeddedPostgres
+from airflow_broker.errors import BrokerError
+from airflow_broker.transaction import Transaction
+from airflow_broker.validation import MessageTypeInfo
+from airflow_broker.waitfor import WakeUps
+
+if TYPE_CHECKING:
+    from airflow_broker.statement import StatementRunner
+
+log = logging.getLogger(__name__)
+
+DSN_ENV = "AIRFLOW_BROKER_DSN"
+SCHEMA_ENV = "AIRFLOW_BROKER_SCHEMA"
+
+
+def resolve_dsn(dsn: str | None = None) -> str | None:
+    return dsn or os.environ.get(DSN_ENV) or None
+
+
+class Broker:
+    """A Service Broker on PostgreSQL.
+
+    ``Broker(dsn)`` connects to any PostgreSQL; with no DSN (argument or AIRFLOW_BROKER_DSN)
+    it starts, or reuses, the embedded PostgreSQL under the user's data directory.
+
+    >>> with Broker() as broker:
+    ...     broker.install()
+    ...     with broker.transaction() as tx:
+    ...         handle = tx.begin_dialog("TraderService", "BrokerageService", "TradeContract")
+    ...         tx.send(handle, "TradeEntry", "<trade/>")
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        min_connections: int = 1,
+        max_connections: int = 10,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.schema = schema or os.environ.get(SCHEMA_ENV) or "broker"
+        self.embedded: EmbeddedPostgres | None = None
+        resolved = resolve_dsn(dsn)
+        if resolved is None:
+            self.embedded = EmbeddedPostgres(data_dir)
+            resolved = self.embedded.ensure_database()
+        self.dsn = resolved
+        self.poll_interval = poll_interval
+        self.pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+            self.dsn,
+            min_size=min_connections,
+            max_size=max_connections,
+            open=True,
+            name=f"airflow-broker-{self.schema}",
+        )
+        self.wakeups = WakeUps(self.dsn, self.schema)
+        self._calls: dict[tuple[str, int, tuple[str, ...]], bytes] = {}
+        self._message_types: dict[str, MessageTypeInfo | None] = {}
+        self._queue_ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def install(self, *, up_to: str | None = None) -> migrations.InstallReport:
+        """Creates or upgrades the broker schema (idempotent)."""
+        report = migrations.install(self.dsn, self.schema, up_to=up_to)
+        self.forget_message_types()
+        return report
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """A pooled connection in a transaction that commits when the block ends normally and
+        rolls back when it raises."""
+        with self.pool.connection() as conn, conn.transaction():
+            yield Transaction(conn, self)
+
+    def session(self, conn: psycopg.Connection[TupleRow]) -> Transaction:
+        """Broker statements on a connection you manage (your transaction, your commit)."""
+        return Transaction(conn, self)
+
+    def close(self) -> None:
+        self.wakeups.close()
+        self.pool.close()
+        if self.embedded is not None:
+            self.embedded.stop()
+            self.embedded = None
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Shared by the statements of every Transaction of this Broker.
+
+    def rendered_call(self, name: str, arity: int, casts: Sequence[str] | None) -> bytes:
+        key = (name, arity, tuple(casts or ()))
+        text = self._calls.get(key)
+        if text is None:
+            args = [
+                sql.SQL("%s::{}").format(sql.SQL(cast)) if cast else sql.SQL("%s")
+                for cast in (casts or [""] * arity)
+            ]
+            query = sql.SQL("SELECT * FROM {}.{}({})").format(
+                sql.Identifier(self.schema), sql.Identifier(name), sql.SQL(", ").join(args)
+            )
+            text = query.as_bytes(None)
+            self._calls[key] = text
+        return text
+
+    def message_type_info(self, runner: StatementRunner, name: str) -> MessageTypeInfo | None:
+        with self._lock:
+            if name in self._message_types:
+                return self._message_types[name]
+        rows = runner.run(
+            sql.SQL(
+                "SELECT t.validation_kind, t.xml_collection_id, c.schemas"
+                " FROM {schema}.message_types t"
+                " LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)"
+                " WHERE t.name = %s"
+            ).format(schema=sql.Identifier(self.schema)),
+            [name],
+        )
+        info = None
+        if rows:
+            kind, collection_id, schemas = rows[0]
+            info = MessageTypeInfo(name, kind, collection_id, tuple(schemas or ()))
+        with self._lock:
+            self._message_types[name] = info
+        return info
+
+    def forget_message_types(self) -> None:
+        with self._lock:
+            self._message_types.clear()
+
+    def queue_id(self, runner: StatementRunner, queue_name: str) -> int:
+        with self._lock:
+            known = self._queue_ids.get(queue_name)
+        if known is not None:
+            return known
+        found = runner.scalar(
+            sql.SQL("SELECT object_id FROM {}.find_queue(%s)").format(
+                sql.Identifier(self.schema)
+            ),
+            [queue_name],
+        )
+        if found is None:
+            raise BrokerError(208, f"Invalid object name '{queue_name}'.")
+        with self._lock:
+            self._queue_ids[queue_name] = int(found)
+        return int(found)

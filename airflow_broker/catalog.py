@@ -1,0 +1,133 @@
+"""Catalog statements: CREATE / ALTER / DROP of message types, XML schema collections,
+contracts, queues and services (spec 2-5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from lxml import etree
+
+from airflow_broker.errors import BrokerError
+from airflow_broker.statement import StatementRunner
+from airflow_broker.validation import compile_schema
+
+
+class CatalogStatements(StatementRunner):
+    def create_message_type(
+        self, name: str, validation: str = "NONE", *, schema_collection: str | None = None
+    ) -> int:
+        """CREATE MESSAGE TYPE; validation is NONE, EMPTY, WELL_FORMED_XML or VALID_XML (with
+        ``schema_collection``)."""
+        q = self.function("create_message_type", 3, ["text", "text", "text"])
+        result: int = self.scalar(q, [name, validation, schema_collection])
+        self.broker.forget_message_types()
+        return result
+
+    def alter_message_type(
+        self, name: str, validation: str, *, schema_collection: str | None = None
+    ) -> None:
+        self.run(self.function("alter_message_type", 3, ["text", "text", "text"]),
+                 [name, validation, schema_collection])
+        self.broker.forget_message_types()
+
+    def drop_message_type(self, name: str) -> None:
+        self.run(self.function("drop_message_type", 1, ["text"]), [name])
+        self.broker.forget_message_types()
+
+    def create_xml_schema_collection(self, name: str, schemas: Sequence[str]) -> int:
+        """CREATE XML SCHEMA COLLECTION from XSD documents, each checked to be a valid schema."""
+        for xsd in schemas:
+            try:
+                compile_schema(xsd)
+            except (etree.XMLSchemaParseError, etree.XMLSyntaxError) as exc:
+                raise BrokerError(50107, f"The XML schema is not valid: {exc}") from None
+        q = self.function("create_xml_schema_collection", 2, ["text", "text[]"])
+        result: int = self.scalar(q, [name, list(schemas)])
+        return result
+
+    def drop_xml_schema_collection(self, name: str) -> None:
+        self.run(self.function("drop_xml_schema_collection", 1, ["text"]), [name])
+
+    def create_contract(
+        self, name: str, message_types: Mapping[str, str] | Iterable[tuple[str, str]]
+    ) -> int:
+        """CREATE CONTRACT; ``message_types`` maps each message type to INITIATOR, TARGET or
+        ANY (a list of pairs may repeat a type, which SQL Server rejects with 8403)."""
+        pairs = list(message_types.items() if isinstance(message_types, Mapping) else message_types)
+        q = self.function("create_contract", 3, ["text", "text[]", "text[]"])
+        result: int = self.scalar(q, [name, [t for t, _ in pairs], [d for _, d in pairs]])
+        return result
+
+    def drop_contract(self, name: str) -> None:
+        self.run(self.function("drop_contract", 1, ["text"]), [name])
+
+    def create_queue(
+        self,
+        name: str,
+        *,
+        status: bool = True,
+        retention: bool = False,
+        activation_status: bool | None = None,
+        activation_procedure: str | None = None,
+        max_queue_readers: int | None = None,
+        execute_as: str | None = None,
+        poison_message_handling: bool = True,
+        schema: str = "public",
+    ) -> int:
+        """CREATE QUEUE; also creates the read-only view ``schema.name`` over its messages."""
+        q = self.function(
+            "create_queue", 9,
+            ["text", "boolean", "boolean", "boolean", "text", "integer", "text", "boolean", "text"],
+        )
+        result: int = self.scalar(q, [
+            name, status, retention, activation_status, activation_procedure,
+            max_queue_readers, execute_as, poison_message_handling, schema,
+        ])
+        return result
+
+    def alter_queue(
+        self,
+        name: str,
+        *,
+        status: bool | None = None,
+        retention: bool | None = None,
+        activation_status: bool | None = None,
+        activation_procedure: str | None = None,
+        max_queue_readers: int | None = None,
+        execute_as: str | None = None,
+        poison_message_handling: bool | None = None,
+        drop_activation: bool = False,
+    ) -> None:
+        """ALTER QUEUE; settings left as None keep their value."""
+        q = self.function(
+            "alter_queue", 9,
+            ["text", "boolean", "boolean", "boolean", "text", "integer", "text", "boolean",
+             "boolean"],
+        )
+        self.run(q, [
+            name, status, retention, activation_status, activation_procedure,
+            max_queue_readers, execute_as, poison_message_handling, drop_activation,
+        ])
+
+    def drop_queue(self, name: str) -> None:
+        self.run(self.function("drop_queue", 1, ["text"]), [name])
+
+    def create_service(self, name: str, queue_name: str, contracts: Sequence[str] = ()) -> int:
+        """CREATE SERVICE on a queue, target for ``contracts`` (none: it can only initiate)."""
+        q = self.function("create_service", 3, ["text", "text", "text[]"])
+        result: int = self.scalar(q, [name, queue_name, list(contracts)])
+        return result
+
+    def alter_service(
+        self,
+        name: str,
+        *,
+        queue_name: str | None = None,
+        add_contracts: Sequence[str] = (),
+        drop_contracts: Sequence[str] = (),
+    ) -> None:
+        q = self.function("alter_service", 4, ["text", "text", "text[]", "text[]"])
+        self.run(q, [name, queue_name, list(add_contracts), list(drop_contracts)])
+
+    def drop_service(self, name: str) -> None:
+        self.run(self.function("drop_service", 1, ["text"]), [name])

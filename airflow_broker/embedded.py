@@ -1,0 +1,61 @@
+"""The embedded PostgreSQL (the ``pgserver`` wheel) used when no DSN is configured."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger(__name__)
+
+DATABASE = "airflow_broker"
+
+
+def default_data_dir() -> Path:
+    configured = os.environ.get("AIRFLOW_BROKER_DATA_DIR")
+    if configured:
+        return Path(configured)
+    return Path(platformdirs.user_data_dir("airflow-broker")) / "postgres"
+
+
+class EmbeddedPostgres:
+    """Starts, or reuses when already running, a PostgreSQL server in ``data_dir``.
+
+    With ``keep_running=False`` the server stops when the last process using it exits (pgserver
+    counts its users); ``stop()`` stops it at once.
+    """
+
+    def __init__(self, data_dir: Path | str | None = None, *, keep_running: bool = False) -> None:
+        import pgserver
+
+        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log.info("starting embedded PostgreSQL in %s", self.data_dir)
+        self._server: Any = pgserver.get_server(
+            self.data_dir, cleanup_mode=None if keep_running else "stop"
+        )
+
+    def uri(self, database: str = DATABASE) -> str:
+        return str(self._server.get_uri(database))
+
+    def ensure_database(self, database: str = DATABASE) -> str:
+        """Creates ``database`` when missing and returns its URI."""
+        with psycopg.connect(self.uri("postgres"), autocommit=True) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database])
+            if found.fetchone() is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+        return self.uri(database)
+
+    @property
+    def bin_dir(self) -> Path:
+        import pgserver
+
+        return Path(pgserver.POSTGRES_BIN_PATH)
+
+    def stop(self) -> None:
+        self._server.cleanup()

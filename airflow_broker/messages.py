@@ -1,0 +1,108 @@
+"""Received messages and the decoding of their bodies."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from lxml import etree
+
+ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+
+ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
+DIALOG_TIMER = "http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer"
+EVENT_NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/EventNotification"
+DEFAULT = "DEFAULT"
+SYSTEM_MESSAGE_TYPES = frozenset({ERROR, END_DIALOG, DIALOG_TIMER})
+
+
+def decode_body(body: bytes | None) -> str | None:
+    """Text of a body: UTF-16 when it starts with a byte-order mark (as broker-generated XML
+    does), UTF-8 otherwise."""
+    if body is None:
+        return None
+    if body.startswith(codecs.BOM_UTF16_LE) or body.startswith(codecs.BOM_UTF16_BE):
+        return body.decode("utf-16")
+    if body.startswith(codecs.BOM_UTF8):
+        return body[len(codecs.BOM_UTF8) :].decode("utf-8")
+    return body.decode("utf-8")
+
+
+@dataclass(frozen=True)
+class ErrorDocument:
+    """The body of an Error message: positive codes come from END CONVERSATION WITH ERROR,
+    negative ones from the broker (the negated SQL Server error number)."""
+
+    code: int
+    description: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """One row returned by RECEIVE, with Service Broker's queue columns."""
+
+    status: int
+    priority: int
+    queuing_order: int
+    conversation_group_id: uuid.UUID
+    conversation_handle: uuid.UUID
+    message_sequence_number: int
+    service_name: str
+    service_id: int
+    service_contract_name: str
+    service_contract_id: int
+    message_type_name: str
+    message_type_id: int
+    validation: str
+    message_body: bytes | None
+    message_id: uuid.UUID
+
+    @property
+    def is_end_dialog(self) -> bool:
+        return self.message_type_name == END_DIALOG
+
+    @property
+    def is_error(self) -> bool:
+        return self.message_type_name == ERROR
+
+    @property
+    def is_dialog_timer(self) -> bool:
+        return self.message_type_name == DIALOG_TIMER
+
+    def text(self) -> str | None:
+        return decode_body(self.message_body)
+
+    def xml(self) -> etree._Element | None:
+        """The body parsed as an XML document (encoding declarations and BOMs honoured)."""
+        if self.message_body is None:
+            return None
+        return etree.fromstring(self.message_body, parser=_SAFE_PARSER)
+
+    def json(self) -> Any:
+        text = self.text()
+        return None if text is None else json.loads(text)
+
+    def error(self) -> ErrorDocument:
+        """The Code and Description of an Error message."""
+        if not self.is_error:
+            raise ValueError(f"message type {self.message_type_name!r} is not an Error message")
+        return parse_error_body(self.message_body)
+
+
+# No network access, no entity expansion: bodies come from other applications.
+_SAFE_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
+
+
+def parse_error_body(body: bytes | None) -> ErrorDocument:
+    if body is None:
+        raise ValueError("an Error message always has a body")
+    root = etree.fromstring(body, parser=_SAFE_PARSER)
+    code = root.findtext(f"{{{ERROR_NS}}}Code")
+    description = root.findtext(f"{{{ERROR_NS}}}Description") or ""
+    if code is None:
+        raise ValueError("the Error document has no Code element")
+    return ErrorDocument(code=int(code), description=description)

@@ -1,0 +1,85 @@
+"""RECEIVE and GET CONVERSATION GROUP, with WAITFOR (spec 8-10)."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+from airflow_broker.errors import BrokerError
+from airflow_broker.messages import Message
+from airflow_broker.statement import StatementRunner
+
+T = TypeVar("T")
+
+
+class ReceiveStatements(StatementRunner):
+    def receive(
+        self,
+        queue_name: str,
+        top: int | None = None,
+        *,
+        conversation_handle: uuid.UUID | None = None,
+        conversation_group_id: uuid.UUID | None = None,
+        waitfor: bool = False,
+        timeout: float | None = None,
+    ) -> list[Message]:
+        """RECEIVE [TOP (top)] * FROM queue [WHERE ...], optionally inside WAITFOR.
+
+        Every message returned belongs to one conversation group, which stays locked until this
+        transaction ends. With ``waitfor`` the call waits until a message is there or
+        ``timeout`` seconds (None: no limit) have passed, and then returns an empty list; it
+        holds no lock while it waits.
+        """
+        q = self.function("receive", 4, ["text", "bigint", "uuid", "uuid"])
+        params = [queue_name, top, conversation_handle, conversation_group_id]
+
+        def once() -> list[Message]:
+            return [Message(*row) for row in self.run(q, params)]
+
+        return self._waitfor(queue_name, once, bool, waitfor, timeout, [])
+
+    def get_conversation_group(
+        self, queue_name: str, *, waitfor: bool = False, timeout: float | None = None
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP: locks and returns the next group with ready messages, or
+        None when there is none (after ``timeout`` seconds with ``waitfor``)."""
+        q = self.function("get_conversation_group", 1, ["text"])
+
+        def once() -> uuid.UUID | None:
+            group: uuid.UUID | None = self.scalar(q, [queue_name])
+            return group
+
+        return self._waitfor(queue_name, once, lambda g: g is not None, waitfor, timeout, None)
+
+    def _waitfor(
+        self,
+        queue_name: str,
+        attempt: Callable[[], T],
+        found: Callable[[T], bool],
+        waitfor: bool,
+        timeout: float | None,
+        empty: T,
+    ) -> T:
+        if timeout is not None and not waitfor:
+            raise BrokerError(102, "Incorrect syntax near 'TIMEOUT': TIMEOUT needs WAITFOR.")
+        if timeout is not None and (math.isnan(timeout) or timeout < 0):
+            raise BrokerError(50106, f"Incorrect value {timeout} for TIMEOUT; expected seconds >= 0.")
+        result = attempt()
+        if found(result) or not waitfor:
+            return result
+        deadline = None if timeout is None else time.monotonic() + timeout
+        queue_id = self.broker.queue_id(self, queue_name)
+        poll = self.broker.poll_interval
+        with self.broker.wakeups.waiting(queue_id) as waiter:
+            while True:
+                # Registered before this check, so a commit after it always wakes the waiter.
+                result = attempt()
+                if found(result):
+                    return result
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return empty
+                waiter.wait(poll if remaining is None else min(poll, remaining))

@@ -1,0 +1,175 @@
+-- Shared helpers of every statement: the clock, errors, name checks, system message bodies and
+-- WAITFOR wake-ups. Files in this folder are re-applied by install() whenever they change; each
+-- function pins search_path to the broker schema it was installed into.
+
+-- The one clock every time-based rule reads (UTC, as SQL Server's catalog views). Tests and the
+-- CLI move it by changing clock.offset_by.
+CREATE OR REPLACE FUNCTION utc_now() RETURNS timestamp
+LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
+    SELECT (clock_timestamp() AT TIME ZONE 'UTC') + offset_by FROM clock
+$$;
+
+CREATE OR REPLACE FUNCTION advance_clock(p_by interval) RETURNS timestamp
+LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
+    UPDATE clock SET offset_by = offset_by + p_by;
+    SELECT utc_now();
+$$;
+
+INSERT INTO error_messages (error_number, text) VALUES
+    (102, 'Incorrect syntax near ''%s''.'),
+    (103, 'The identifier that starts with ''%s'' is too long. Maximum length is %s.'),
+    (208, 'Invalid object name ''%s''.'),
+    (1038, 'An object or column name is missing or empty.'),
+    (2714, 'There is already an object named ''%s'' in the database.'),
+    (3729, 'Cannot DROP %s ''%s'' because it is being referenced by %s ''%s''.'),
+    (8403, 'The message type ''%s'' is specified more than once.'),
+    (8404, 'The service contract ''%s'' is specified more than once.'),
+    (8406, 'The dialog lifetime can not be NULL.'),
+    (8411, 'The dialog lifetime value of %s is outside the allowable range of 1 to 2147483647. Specify a valid dialog lifetime value.'),
+    (8412, 'The syntax of the service name ''%s'' is invalid.'),
+    (8413, 'The syntax of the broker instance ''%s'' is invalid. The specified broker instance is too long, the maximum size is 128 bytes.'),
+    (8414, 'The conversation group ID ''%s'' is not valid in this context.'),
+    (8417, 'The service contract name is NULL. Specify a service contract name.'),
+    (8418, 'The conversation handle is missing. Specify a conversation handle.'),
+    (8420, 'The conversation group ID is missing. Specify a conversation group ID.'),
+    (8421, 'The service name is missing. Specify a service name.'),
+    (8423, 'The service "%s" is not found.'),
+    (8425, 'The service contract "%s" is not found.'),
+    (8426, 'The conversation handle "%s" is not found.'),
+    (8428, 'The message type "%s" is not found.'),
+    (8429, 'The conversation endpoint is not in a valid state for SEND. The current endpoint state is ''%s''.'),
+    (8431, 'The message type ''%s'' is not part of the service contract.'),
+    (8432, 'The message cannot be sent because the message type ''%s'' is marked SENT BY TARGET in the contract, however this service is an Initiator.'),
+    (8433, 'The message body may not be NULL.  A zero-length UNICODE or binary string is allowed.'),
+    (8434, 'The message cannot be sent because the message type ''%s'' is marked SENT BY INITIATOR in the contract, however this service is a Target.'),
+    (8436, 'The conversation group "%s" is not found.'),
+    (8492, 'The service contract ''%s'' must have at least one message SENT BY INITIATOR or ANY.'),
+    (8493, 'The alter of service ''%s'' must change the queue or at least one contract.'),
+    (9610, 'The service ''%s'' in the FROM SERVICE clause must match the service ''%s'' referenced by %s = ''%s''.'),
+    (9617, 'The service queue "%s" is currently disabled.'),
+    (9618, 'The message cannot be sent because the service queue ''%s'' associated with the dialog is currently disabled and retention is on.'),
+    (15151, 'Cannot find the %s ''%s'', because it does not exist or you do not have permission.'),
+    (15247, 'User does not have permission to perform this action: ''%s'' is a system %s.'),
+    (50101, 'The queue ''%s'' cannot be the target of an INSERT, UPDATE, DELETE or TRUNCATE statement; change it with SEND, RECEIVE and END CONVERSATION.'),
+    (50102, 'The conversation handle "%s" appears more than once in the SEND statement.'),
+    (50103, 'The message type ''%s'' validates against XML schema collection ''%s''; schema validation runs in the airflow_broker Python API, so send this message type through it.'),
+    (50104, 'Service Broker statements need the READ COMMITTED isolation level; this transaction runs at %s.'),
+    (50105, 'The queue name ''%s'' is ambiguous; qualify it as schema.queue.'),
+    (50106, 'Incorrect value %s for %s; expected %s.'),
+    (50107, 'The XML schema is not valid: %s')
+ON CONFLICT (error_number) DO UPDATE SET text = EXCLUDED.text;
+
+-- Raises SQLSTATE SB000 with the SQL Server error number at the front of the message text
+-- ("Msg 8426: ..."), which the Python API turns into BrokerError.number.
+CREATE OR REPLACE FUNCTION raise_error(p_number integer, VARIADIC p_args text[] DEFAULT '{}')
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_text text;
+BEGIN
+    SELECT text INTO v_text FROM error_messages WHERE error_number = p_number;
+    IF v_text IS NULL THEN
+        v_text := 'Service Broker error.';
+    END IF;
+    -- Missing arguments print as empty strings rather than failing inside the error path.
+    v_text := format(v_text, VARIADIC (p_args || array_fill(''::text, ARRAY[8])));
+    RAISE EXCEPTION USING ERRCODE = 'SB000', MESSAGE = format('Msg %s: %s', p_number, v_text);
+END
+$$;
+
+-- Names of broker objects: present, at most 128 characters, never interpreted as SQL.
+CREATE OR REPLACE FUNCTION check_name(p_name text, p_max integer DEFAULT 128)
+RETURNS text LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF p_name IS NULL OR p_name = '' THEN
+        PERFORM raise_error(1038);
+    END IF;
+    IF length(p_name) > p_max THEN
+        PERFORM raise_error(103, left(p_name, 40), p_max::text);
+    END IF;
+    RETURN p_name;
+END
+$$;
+
+-- SQL Server stores broker-generated XML bodies as UTF-16LE with a byte-order mark; PostgreSQL
+-- has no UTF-16 conversion, so the code units are written out here.
+CREATE OR REPLACE FUNCTION utf16le(p_text text) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path FROM CURRENT AS $$
+DECLARE
+    v_out bytea := '\xfffe';
+    v_cp integer;
+    v_unit integer;
+    v_units integer[];
+    v_char text;
+BEGIN
+    FOREACH v_char IN ARRAY regexp_split_to_array(p_text, '') LOOP
+        v_cp := ascii(v_char);
+        IF v_cp < 65536 THEN
+            v_units := ARRAY[v_cp];
+        ELSE
+            v_units := ARRAY[55296 + ((v_cp - 65536) >> 10), 56320 + ((v_cp - 65536) & 1023)];
+        END IF;
+        FOREACH v_unit IN ARRAY v_units LOOP
+            v_out := v_out || set_byte(set_byte('\x0000'::bytea, 0, v_unit & 255), 1, v_unit >> 8);
+        END LOOP;
+    END LOOP;
+    RETURN v_out;
+END
+$$;
+
+-- The body of an Error message (spec 2.5).
+CREATE OR REPLACE FUNCTION error_body(p_code integer, p_description text) RETURNS bytea
+LANGUAGE sql IMMUTABLE SET search_path FROM CURRENT AS $$
+    SELECT utf16le(
+        '<?xml version="1.0"?><Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">'
+        || '<Code>' || p_code::text || '</Code><Description>'
+        || replace(replace(replace(coalesce(p_description, ''), '&', '&amp;'), '<', '&lt;'), '>', '&gt;')
+        || '</Description></Error>')
+$$;
+
+-- Wakes WAITFOR(RECEIVE) sessions of a queue. The NOTIFY is sent at commit, so a waiter never
+-- wakes for a message it cannot see yet.
+CREATE OR REPLACE FUNCTION wake_waiters(p_queue_id integer) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM queue_waiters WHERE queue_id = p_queue_id) THEN
+        PERFORM pg_notify(current_schema() || '_queue_' || p_queue_id::text, '');
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION check_isolation() RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_level text := current_setting('transaction_isolation');
+BEGIN
+    IF v_level NOT IN ('read committed', 'read uncommitted') THEN
+        PERFORM raise_error(50104, upper(v_level));
+    END IF;
+END
+$$;
+
+-- Puts a broker-generated Error on the local queue of an endpoint and moves it to ERROR, as when
+-- the target rejects a message (spec 2.6, 17.2).
+CREATE OR REPLACE FUNCTION deliver_error(p_handle uuid, p_code integer, p_description text)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    e record;
+BEGIN
+    SELECT ce.conversation_group_id, ce.service_id, ce.service_contract_id, ce.system_sequence,
+           s.service_queue_id
+      INTO e
+      FROM endpoints ce JOIN service_defs s USING (service_id)
+     WHERE ce.conversation_handle = p_handle;
+    INSERT INTO queue_messages (queue_id, conversation_group_id, conversation_handle,
+                                message_sequence_number, precedence, service_id,
+                                service_contract_id, message_type_id, message_body, message_id,
+                                enqueued_at)
+    VALUES (e.service_queue_id, e.conversation_group_id, p_handle, -1, 1, e.service_id,
+            e.service_contract_id, 1, error_body(p_code, p_description), gen_random_uuid(),
+            utc_now());
+    UPDATE endpoints
+       SET state = 'ER', system_sequence = system_sequence + 1
+     WHERE conversation_handle = p_handle;
+    PERFORM wake_waiters(e.service_queue_id);
+END
+$$;

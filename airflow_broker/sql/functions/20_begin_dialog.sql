@@ -1,0 +1,93 @@
+-- BEGIN DIALOG CONVERSATION (spec 6). Creates only the initiator endpoint (state SO); the target
+-- endpoint is created when the first message reaches the target.
+
+CREATE OR REPLACE FUNCTION begin_dialog(
+    p_from_service text,
+    p_to_service text,
+    p_contract text DEFAULT 'DEFAULT',
+    p_related_conversation uuid DEFAULT NULL,
+    p_related_conversation_group uuid DEFAULT NULL,
+    p_lifetime integer DEFAULT 2147483647,
+    p_encryption boolean DEFAULT true,
+    p_to_broker_instance text DEFAULT NULL)
+RETURNS uuid LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_service_id integer;
+    v_contract_id integer;
+    v_group uuid;
+    v_group_service integer;
+    v_handle uuid := gen_random_uuid();
+    v_now timestamp := utc_now();
+BEGIN
+    IF p_from_service IS NULL OR p_to_service IS NULL THEN
+        PERFORM raise_error(8421);
+    END IF;
+    IF length(p_to_service) > 256 THEN
+        PERFORM raise_error(8412, left(p_to_service, 40));
+    END IF;
+    IF length(p_to_broker_instance) > 128 THEN
+        PERFORM raise_error(8413, left(p_to_broker_instance, 40));
+    END IF;
+    IF p_contract IS NULL THEN
+        PERFORM raise_error(8417);
+    END IF;
+    IF p_lifetime IS NULL THEN
+        PERFORM raise_error(8406);
+    END IF;
+    IF p_lifetime < 1 THEN
+        PERFORM raise_error(8411, p_lifetime::text);
+    END IF;
+    IF p_related_conversation IS NOT NULL AND p_related_conversation_group IS NOT NULL THEN
+        PERFORM raise_error(8414, p_related_conversation_group::text);
+    END IF;
+
+    SELECT service_id INTO v_service_id FROM service_defs WHERE name = p_from_service;
+    IF v_service_id IS NULL THEN
+        PERFORM raise_error(8423, p_from_service);
+    END IF;
+    SELECT service_contract_id INTO v_contract_id FROM contracts WHERE name = p_contract;
+    IF v_contract_id IS NULL THEN
+        PERFORM raise_error(8425, p_contract);
+    END IF;
+
+    IF p_related_conversation IS NOT NULL THEN
+        SELECT g.conversation_group_id, g.service_id INTO v_group, v_group_service
+          FROM endpoints e
+          JOIN dialog_groups g USING (conversation_group_id)
+         WHERE e.conversation_handle = p_related_conversation
+           FOR NO KEY UPDATE OF g;
+        IF v_group IS NULL THEN
+            PERFORM raise_error(8426, p_related_conversation::text);
+        END IF;
+    ELSIF p_related_conversation_group IS NOT NULL THEN
+        INSERT INTO dialog_groups (conversation_group_id, service_id)
+        VALUES (p_related_conversation_group, v_service_id)
+        ON CONFLICT (conversation_group_id) DO NOTHING;
+        SELECT conversation_group_id, service_id INTO v_group, v_group_service
+          FROM dialog_groups
+         WHERE conversation_group_id = p_related_conversation_group
+           FOR NO KEY UPDATE;
+    ELSE
+        v_group := gen_random_uuid();
+        v_group_service := v_service_id;
+        INSERT INTO dialog_groups (conversation_group_id, service_id)
+        VALUES (v_group, v_service_id);
+    END IF;
+    IF v_group_service <> v_service_id THEN
+        PERFORM raise_error(9610, p_from_service,
+                            (SELECT name FROM service_defs WHERE service_id = v_group_service),
+                            CASE WHEN p_related_conversation IS NOT NULL
+                                 THEN 'RELATED_CONVERSATION' ELSE 'RELATED_CONVERSATION_GROUP' END,
+                            coalesce(p_related_conversation, p_related_conversation_group)::text);
+    END IF;
+
+    INSERT INTO endpoints (
+        conversation_handle, conversation_id, is_initiator, service_contract_id,
+        conversation_group_id, service_id, far_service, far_broker_instance, lifetime, state,
+        is_encrypted, created_at)
+    VALUES (
+        v_handle, gen_random_uuid(), true, v_contract_id, v_group, v_service_id, p_to_service,
+        NULL, v_now + make_interval(secs => p_lifetime), 'SO', p_encryption, v_now);
+    RETURN v_handle;
+END
+$$;

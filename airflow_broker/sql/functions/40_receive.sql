@@ -1,0 +1,160 @@
+-- RECEIVE and GET CONVERSATION GROUP (spec 8-10). A conversation group is locked by a row lock
+-- on its dialog_groups row, FOR NO KEY UPDATE, held until the transaction ends. Without a
+-- WHERE clause, groups locked by other transactions are skipped (SKIP LOCKED); with one, the
+-- statement waits for the lock. WAITFOR is the Python API's loop around these functions.
+
+-- The queue a RECEIVE or GET CONVERSATION GROUP reads, checked for existence and availability.
+CREATE OR REPLACE FUNCTION receivable_queue(p_queue text) RETURNS queues
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues;
+BEGIN
+    PERFORM check_isolation();
+    q := find_queue(p_queue);
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
+    END IF;
+    IF NOT q.is_receive_enabled THEN
+        PERFORM raise_error(9617, q.name);
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Locks the next group of the queue that has ready messages and is not locked by another
+-- transaction; the oldest ready message of the highest priority decides. NULL when none.
+CREATE OR REPLACE FUNCTION lock_next_group(p_queue_id integer) RETURNS uuid
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT g.conversation_group_id
+      FROM queue_messages m
+      JOIN dialog_groups g ON g.conversation_group_id = m.conversation_group_id
+     WHERE m.queue_id = p_queue_id AND m.status = 1
+     ORDER BY m.priority DESC, m.queuing_order
+     LIMIT 1
+       FOR NO KEY UPDATE OF g SKIP LOCKED
+$$;
+
+-- Takes up to p_limit ready messages of one locked group (and one conversation when given):
+-- conversations one after another, each with DialogTimer first, then Error, then in sequence.
+CREATE OR REPLACE FUNCTION take_messages(p_queue queues, p_group uuid, p_handle uuid,
+                                         p_limit bigint)
+RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF p_queue.is_retention_enabled THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT m.queuing_order FROM queue_messages m
+             WHERE m.conversation_group_id = p_group AND m.queue_id = p_queue.object_id
+               AND (p_handle IS NULL OR m.conversation_handle = p_handle) AND m.status = 1
+             ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
+             LIMIT p_limit),
+        taken AS (
+            UPDATE queue_messages m SET status = 0 FROM picked p
+             WHERE m.queuing_order = p.queuing_order
+            RETURNING m.*)
+        SELECT 1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
+               t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
+               c.name, t.service_contract_id, mt.name, t.message_type_id,
+               CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END,
+               t.message_body, t.message_id
+          FROM taken t
+          JOIN service_defs s ON s.service_id = t.service_id
+          JOIN contracts c ON c.service_contract_id = t.service_contract_id
+          JOIN message_types mt ON mt.message_type_id = t.message_type_id
+         ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
+    ELSE
+        RETURN QUERY
+        WITH picked AS (
+            SELECT m.queuing_order FROM queue_messages m
+             WHERE m.conversation_group_id = p_group AND m.queue_id = p_queue.object_id
+               AND (p_handle IS NULL OR m.conversation_handle = p_handle) AND m.status = 1
+             ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
+             LIMIT p_limit),
+        taken AS (
+            DELETE FROM queue_messages m USING picked p
+             WHERE m.queuing_order = p.queuing_order
+            RETURNING m.*)
+        SELECT 1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
+               t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
+               c.name, t.service_contract_id, mt.name, t.message_type_id,
+               CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END,
+               t.message_body, t.message_id
+          FROM taken t
+          JOIN service_defs s ON s.service_id = t.service_id
+          JOIN contracts c ON c.service_contract_id = t.service_contract_id
+          JOIN message_types mt ON mt.message_type_id = t.message_type_id
+         ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION receive(
+    p_queue text,
+    p_top bigint DEFAULT NULL,
+    p_conversation_handle uuid DEFAULT NULL,
+    p_conversation_group_id uuid DEFAULT NULL)
+RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := receivable_queue(p_queue);
+    v_limit bigint := coalesce(p_top, 9223372036854775807);
+    v_group uuid;
+    v_rows bigint;
+BEGIN
+    IF v_limit < 0 THEN
+        PERFORM raise_error(50106, p_top::text, 'TOP', 'a number of rows of 0 or more');
+    END IF;
+    IF p_conversation_handle IS NOT NULL AND p_conversation_group_id IS NOT NULL THEN
+        PERFORM raise_error(102, 'AND');
+    END IF;
+
+    IF p_conversation_handle IS NOT NULL THEN
+        SELECT ce.conversation_group_id INTO v_group
+          FROM endpoints ce JOIN service_defs s ON s.service_id = ce.service_id
+         WHERE ce.conversation_handle = p_conversation_handle
+           AND s.service_queue_id = q.object_id;
+        IF v_group IS NULL THEN
+            PERFORM raise_error(8426, p_conversation_handle::text);
+        END IF;
+        PERFORM 1 FROM dialog_groups WHERE conversation_group_id = v_group
+           FOR NO KEY UPDATE;
+        RETURN QUERY SELECT * FROM take_messages(q, v_group, p_conversation_handle, v_limit);
+        RETURN;
+    END IF;
+
+    IF p_conversation_group_id IS NOT NULL THEN
+        SELECT g.conversation_group_id INTO v_group
+          FROM dialog_groups g JOIN service_defs s ON s.service_id = g.service_id
+         WHERE g.conversation_group_id = p_conversation_group_id
+           AND s.service_queue_id = q.object_id
+           FOR NO KEY UPDATE OF g;
+        IF v_group IS NULL THEN
+            PERFORM raise_error(8436, p_conversation_group_id::text);
+        END IF;
+        RETURN QUERY SELECT * FROM take_messages(q, v_group, NULL, v_limit);
+        RETURN;
+    END IF;
+
+    -- A group chosen from an older snapshot may have been emptied by the reader that held it
+    -- just before; then the next group is tried.
+    FOR attempt IN 1 .. 16 LOOP
+        v_group := lock_next_group(q.object_id);
+        IF v_group IS NULL THEN
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT * FROM take_messages(q, v_group, NULL, v_limit);
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows > 0 OR v_limit = 0 THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION get_conversation_group(p_queue text) RETURNS uuid
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := receivable_queue(p_queue);
+BEGIN
+    RETURN lock_next_group(q.object_id);
+END
+$$;

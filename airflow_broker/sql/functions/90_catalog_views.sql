@@ -1,0 +1,95 @@
+-- Catalog views with SQL Server's names and columns (spec 23). Times are UTC timestamps, ids
+-- integers or uuids, flags booleans. principal_id is 1 (the database owner) for every object.
+
+CREATE OR REPLACE VIEW service_message_types AS
+SELECT name, message_type_id, 1 AS principal_id,
+       CASE validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END
+           AS validation,
+       CASE validation_kind WHEN 'NONE' THEN 'NONE' WHEN 'EMPTY' THEN 'EMPTY' ELSE 'XML' END
+           AS validation_desc,
+       xml_collection_id,
+       validation_kind, is_system
+  FROM message_types;
+
+CREATE OR REPLACE VIEW service_contracts AS
+SELECT name, service_contract_id, 1 AS principal_id, is_system
+  FROM contracts;
+
+CREATE OR REPLACE VIEW service_contract_message_usages AS
+SELECT service_contract_id, message_type_id, is_sent_by_initiator, is_sent_by_target
+  FROM contract_message_usages;
+
+CREATE OR REPLACE VIEW service_queues AS
+SELECT name, object_id, schema_name, 'SQ'::text AS type, 'SERVICE_QUEUE'::text AS type_desc,
+       created_at AS create_date,
+       max_readers, activation_procedure,
+       CASE WHEN execute_as IS NULL THEN NULL WHEN execute_as = 'OWNER' THEN -2 ELSE 1 END
+           AS execute_as_principal_id,
+       is_activation_enabled, is_receive_enabled, is_enqueue_enabled, is_retention_enabled,
+       is_poison_message_handling_enabled
+  FROM queues;
+
+-- Beyond SQL Server (spec 5.5): why and since when a queue is disabled, and the role activated
+-- readers run as.
+CREATE OR REPLACE VIEW queue_status AS
+SELECT q.name, q.object_id, q.schema_name, q.is_receive_enabled, q.is_enqueue_enabled,
+       q.disabled_reason, q.disabled_at, q.execute_as,
+       (SELECT count(*) FROM queue_messages m WHERE m.queue_id = q.object_id AND m.status = 1)
+           AS ready_messages,
+       (SELECT min(m.enqueued_at) FROM queue_messages m
+         WHERE m.queue_id = q.object_id AND m.status = 1) AS oldest_ready_at
+  FROM queues q;
+
+CREATE OR REPLACE VIEW services AS
+SELECT name, service_id, 1 AS principal_id, service_queue_id, is_system
+  FROM service_defs;
+
+CREATE OR REPLACE VIEW service_contract_usages AS
+SELECT service_id, service_contract_id FROM service_def_contracts;
+
+CREATE OR REPLACE VIEW service_queue_usages AS
+SELECT service_id, service_queue_id FROM service_defs;
+
+CREATE OR REPLACE VIEW conversation_groups AS
+SELECT conversation_group_id, service_id, is_system FROM dialog_groups;
+
+CREATE OR REPLACE VIEW conversation_endpoints AS
+SELECT e.conversation_handle, e.conversation_id, e.is_initiator, e.service_contract_id,
+       e.conversation_group_id, e.service_id, e.lifetime, e.state,
+       CASE e.state
+           WHEN 'SO' THEN 'STARTED_OUTBOUND' WHEN 'SI' THEN 'STARTED_INBOUND'
+           WHEN 'CO' THEN 'CONVERSING' WHEN 'DI' THEN 'DISCONNECTED_INBOUND'
+           WHEN 'DO' THEN 'DISCONNECTED_OUTBOUND' WHEN 'ER' THEN 'ERROR'
+           WHEN 'CD' THEN 'CLOSED' END AS state_desc,
+       e.far_service, e.far_broker_instance,
+       1 AS principal_id, 1 AS far_principal_id,
+       '00000000-0000-0000-0000-000000000000'::uuid AS outbound_session_key_identifier,
+       '00000000-0000-0000-0000-000000000000'::uuid AS inbound_session_key_identifier,
+       e.security_timestamp, e.dialog_timer, e.send_sequence, e.last_send_tran_id,
+       e.end_dialog_sequence,
+       -- With local delivery every message the peer numbered has arrived.
+       coalesce(peer.send_sequence, e.receive_sequence) AS receive_sequence,
+       0 AS receive_sequence_frag, e.system_sequence,
+       0::bigint AS first_out_of_order_sequence, 0::bigint AS last_out_of_order_sequence,
+       0 AS last_out_of_order_frag,
+       e.is_system, e.priority
+  FROM endpoints e
+  LEFT JOIN endpoints peer ON peer.conversation_handle = e.far_handle;
+
+CREATE OR REPLACE VIEW transmission_queue AS
+SELECT t.conversation_handle, t.to_service_name, t.to_broker_instance, t.from_service_name,
+       t.service_contract_name, t.enqueue_time, t.message_sequence_number,
+       mt.name AS message_type_name, t.is_conversation_error, t.is_end_of_dialog,
+       t.message_body, t.transmission_status, t.priority
+  FROM transmissions t
+  JOIN message_types mt ON mt.message_type_id = t.message_type_id;
+
+-- Sessions waiting in WAITFOR(RECEIVE) per queue (tasks_waiting of
+-- sys.dm_broker_queue_monitors); waiters whose session is gone are not counted.
+CREATE OR REPLACE VIEW queue_waiting_tasks AS
+SELECT q.name AS queue_name, q.object_id AS queue_id,
+       count(w.waiter_id) FILTER (
+           WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid))
+           AS tasks_waiting
+  FROM queues q LEFT JOIN queue_waiters w ON w.queue_id = q.object_id
+ GROUP BY q.name, q.object_id;

@@ -1,0 +1,44 @@
+"""What every broker statement shares: the caller's connection, the schema, and the mapping of
+database errors to BrokerError."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from airflow_broker.errors import translate
+
+if TYPE_CHECKING:
+    from airflow_broker.broker import Broker
+
+
+class StatementRunner:
+    """Runs broker functions on one connection, inside the caller's transaction."""
+
+    def __init__(self, conn: psycopg.Connection[TupleRow], broker: Broker) -> None:
+        self.conn = conn
+        self.broker = broker
+        self.schema = broker.schema
+
+    def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
+        """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the
+        text stays identical and psycopg prepares it after a few calls."""
+        return self.broker.rendered_call(name, arity, casts)
+
+    def run(self, query: bytes | sql.Composable, params: Sequence[Any] = ()) -> list[TupleRow]:
+        try:
+            cursor = self.conn.execute(query, params)
+            return cursor.fetchall() if cursor.description is not None else []
+        except psycopg.Error as exc:
+            broker_error = translate(exc)
+            if broker_error is not None:
+                raise broker_error from None
+            raise
+
+    def scalar(self, query: bytes | sql.Composable, params: Sequence[Any] = ()) -> Any:
+        rows = self.run(query, params)
+        return rows[0][0] if rows else None

@@ -1,0 +1,206 @@
+"""WAITFOR wake-ups.
+
+PostgreSQL delivers NOTIFY only to sessions outside a transaction, while WAITFOR(RECEIVE) waits
+inside one. So each Broker keeps one listener connection of its own, in a background thread, that
+LISTENs on the channels of the queues someone waits on and wakes those waiters. A notification is
+only a hint: the waiter runs RECEIVE again, and also polls, so a lost notification (or a listener
+that reconnects after a PostgreSQL restart) delays a wake-up but never loses a message.
+
+A waiter is registered in the queue_waiters table while it waits: SEND notifies only queues that
+have waiters (NOTIFY serialises committing transactions on a database-wide lock), and the table
+is what tasks_waiting counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Command:
+    kind: str  # "register" or "unregister"
+    waiter_id: uuid.UUID
+    queue_id: int
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class Waiter:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def wait(self, seconds: float) -> bool:
+        """Waits up to ``seconds`` for a wake-up; True when woken. Clears the wake-up."""
+        woken = self._event.wait(seconds)
+        self._event.clear()
+        return woken
+
+
+class WakeUps:
+    """The listener of one Broker. Started on first use; ``close()`` stops it."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self._dsn = dsn
+        self._schema = schema
+        self._commands: queue_module.Queue[_Command] = queue_module.Queue()
+        self._waiters: dict[int, dict[uuid.UUID, Waiter]] = defaultdict(dict)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def channel(self, queue_id: int) -> str:
+        return f"{self._schema}_queue_{queue_id}"
+
+    @contextmanager
+    def waiting(self, queue_id: int) -> Iterator[Waiter]:
+        """Registers a waiter on the queue for the duration of the block."""
+        self._ensure_started()
+        waiter = Waiter()
+        waiter_id = uuid.uuid4()
+        with self._lock:
+            self._waiters[queue_id][waiter_id] = waiter
+        try:
+            self._submit(_Command("register", waiter_id, queue_id), wait=True)
+            yield waiter
+        finally:
+            with self._lock:
+                self._waiters[queue_id].pop(waiter_id, None)
+            self._submit(_Command("unregister", waiter_id, queue_id), wait=False)
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name=f"airflow-broker-wakeups-{self._schema}", daemon=True
+                )
+                self._thread.start()
+
+    def _submit(self, command: _Command, *, wait: bool) -> None:
+        self._commands.put(command)
+        if wait:
+            # Registration normally takes a round trip; if the listener cannot reach the
+            # database, the waiter falls back to polling after a short while.
+            command.done.wait(timeout=5)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    backoff = 0.1
+                    self._serve(conn)
+            except psycopg.Error as exc:
+                log.warning("WAITFOR listener lost its connection (%s); reconnecting", exc)
+                self._wake_everyone()
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _serve(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        listening: set[int] = set()
+        registered: dict[uuid.UUID, int] = {}
+        # After a reconnect, waiters still present are registered again.
+        with self._lock:
+            current = [(w, q) for q, ws in self._waiters.items() for w in ws]
+        for waiter_id, queue_id in current:
+            self._register(conn, listening, registered, waiter_id, queue_id)
+        while not self._stopping.is_set():
+            self._drain_commands(conn, listening, registered)
+            for notify in conn.notifies(timeout=0.05, stop_after=64):
+                self._wake_channel(notify.channel)
+                self._drain_commands(conn, listening, registered)
+
+    def _drain_commands(
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        listening: set[int],
+        registered: dict[uuid.UUID, int],
+    ) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue_module.Empty:
+                return
+            try:
+                if command.kind == "register":
+                    self._register(conn, listening, registered, command.waiter_id, command.queue_id)
+                else:
+                    registered.pop(command.waiter_id, None)
+                    conn.execute(
+                        sql.SQL("DELETE FROM {}.queue_waiters WHERE waiter_id = %s").format(
+                            sql.Identifier(self._schema)
+                        ),
+                        [command.waiter_id],
+                    )
+            except psycopg.Error as exc:
+                # The reconnect registers the waiters still present again.
+                command.error = exc
+                raise
+            finally:
+                command.done.set()
+
+    def _register(
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        listening: set[int],
+        registered: dict[uuid.UUID, int],
+        waiter_id: uuid.UUID,
+        queue_id: int,
+    ) -> None:
+        if queue_id not in listening:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel(queue_id))))
+            listening.add(queue_id)
+        schema = sql.Identifier(self._schema)
+        # Rows left by listeners that died would only cause needless NOTIFYs.
+        conn.execute(
+            sql.SQL(
+                "DELETE FROM {}.queue_waiters WHERE queue_id = %s"
+                " AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity)"
+            ).format(schema),
+            [queue_id],
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.queue_waiters (waiter_id, queue_id, backend_pid, since)"
+                " VALUES (%s, %s, pg_backend_pid(), {}.utc_now()) ON CONFLICT DO NOTHING"
+            ).format(schema, schema),
+            [waiter_id, queue_id],
+        )
+        registered[waiter_id] = queue_id
+
+    def _wake_channel(self, channel: str) -> None:
+        prefix = f"{self._schema}_queue_"
+        if not channel.startswith(prefix):
+            return
+        queue_id = int(channel[len(prefix) :])
+        with self._lock:
+            waiters = list(self._waiters.get(queue_id, {}).values())
+        for waiter in waiters:
+            waiter.wake()
+
+    def _wake_everyone(self) -> None:
+        with self._lock:
+            waiters = [w for ws in self._waiters.values() for w in ws.values()]
+        for waiter in waiters:
+            waiter.wake()

@@ -1,0 +1,1 @@
+"""Airflow hooks of airflow-broker, installed as ``airflow_broker.hooks``."""

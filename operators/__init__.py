@@ -1,0 +1,1 @@
+"""Airflow operators of airflow-broker, installed as ``airflow_broker.operators``."""

@@ -1,0 +1,1 @@
+"""Airflow sensors of airflow-broker, installed as ``airflow_broker.sensors``."""
