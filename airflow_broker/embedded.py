@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,20 @@ class EmbeddedPostgres:
     """
 
     def __init__(self, data_dir: Path | str | None = None, *, keep_running: bool = False) -> None:
-        import pgserver
+        with warnings.catch_warnings():
+            # pgserver keeps its lock file in the runtime directory; where XDG_RUNTIME_DIR is
+            # unset platformdirs warns and falls back to a /tmp folder, which works as well.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+            import pgserver
 
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log.info("starting embedded PostgreSQL in %s", self.data_dir)
-        self._server: Any = pgserver.get_server(
-            self.data_dir, cleanup_mode=None if keep_running else "stop"
-        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+            self._server: Any = pgserver.get_server(
+                self.data_dir, cleanup_mode=None if keep_running else "stop"
+            )
 
     def uri(self, database: str = DATABASE) -> str:
         return str(self._server.get_uri(database))
@@ -53,9 +60,9 @@ class EmbeddedPostgres:
 
     @property
     def bin_dir(self) -> Path:
-        import pgserver
+        from pgserver._commands import POSTGRES_BIN_PATH
 
-        return Path(pgserver.POSTGRES_BIN_PATH)
+        return Path(POSTGRES_BIN_PATH)
 
     def stop(self) -> None:
         self._server.cleanup()

@@ -56,7 +56,8 @@ INSERT INTO error_messages (error_number, text) VALUES
     (50104, 'Service Broker statements need the READ COMMITTED isolation level; this transaction runs at %s.'),
     (50105, 'The queue name ''%s'' is ambiguous; qualify it as schema.queue.'),
     (50106, 'Incorrect value %s for %s; expected %s.'),
-    (50107, 'The XML schema is not valid: %s')
+    (50107, 'The XML schema is not valid: %s'),
+    (50108, 'The message type ''%s'' requires well-formed XML and this body cannot be parsed by this PostgreSQL server (built without XML support, or a UTF-16 body); send this message type through the airflow_broker Python API, which checks the body itself.')
 ON CONFLICT (error_number) DO UPDATE SET text = EXCLUDED.text;
 
 -- Raises SQLSTATE SB000 with the SQL Server error number at the front of the message text

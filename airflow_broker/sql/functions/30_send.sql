@@ -33,11 +33,18 @@ BEGIN
         PERFORM raise_error(50103, p_type.name,
                             (SELECT name FROM xml_schema_collections
                               WHERE xml_collection_id = p_type.xml_collection_id));
+    ELSIF substr(p_body, 1, 2) IN ('\xfffe'::bytea, '\xfeff'::bytea) THEN
+        -- PostgreSQL has no UTF-16 decoder.
+        PERFORM raise_error(50108, p_type.name);
     ELSE
         BEGIN
             v_ok := xml_is_well_formed_content(convert_from(p_body, 'UTF8'));
-        EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character THEN
-            v_ok := false;
+        EXCEPTION
+            WHEN character_not_in_repertoire OR untranslatable_character THEN
+                v_ok := false;
+            WHEN feature_not_supported THEN
+                -- PostgreSQL built without libxml cannot parse XML at all.
+                PERFORM raise_error(50108, p_type.name);
         END;
     END IF;
     IF NOT v_ok THEN

@@ -1,0 +1,115 @@
+"""Test fixtures: one PostgreSQL per test run, a fresh database per test.
+
+With AIRFLOW_BROKER_TEST_DSN set (a role that may CREATE DATABASE), tests use that server;
+otherwise an embedded PostgreSQL is started in a temporary directory. Each test gets its own
+database, cloned from a template that already holds the broker schema.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from airflow_broker import Broker
+from airflow_broker.embedded import EmbeddedPostgres
+from airflow_broker.migrations import install
+
+TEMPLATE = "airflow_broker_test_template"
+
+
+@pytest.fixture(scope="session")
+def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    configured = os.environ.get("AIRFLOW_BROKER_TEST_DSN")
+    if configured:
+        yield configured
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
+    try:
+        yield server.uri("postgres")
+    finally:
+        server.stop()
+
+
+def _admin(server_dsn: str) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(server_dsn, autocommit=True)
+
+
+@pytest.fixture(scope="session")
+def template_dsn(server_dsn: str) -> str:
+    with _admin(server_dsn) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(TEMPLATE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
+    dsn = make_conninfo(server_dsn, dbname=TEMPLATE)
+    install(dsn)
+    return dsn
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
+    """A new database holding a freshly installed broker schema."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with _admin(server_dsn) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(TEMPLATE)))
+    try:
+        yield make_conninfo(server_dsn, dbname=name)
+    finally:
+        with _admin(server_dsn) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+@pytest.fixture
+def empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A new database without the broker schema."""
+    name = f"e_{uuid.uuid4().hex[:16]}"
+    with _admin(server_dsn) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(server_dsn, dbname=name)
+    finally:
+        with _admin(server_dsn) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+@pytest.fixture
+def broker(dsn: str) -> Iterator[Broker]:
+    b = Broker(dsn, poll_interval=0.2)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@dataclass(frozen=True)
+class App:
+    """The catalogue's standard application (spec 28): contract C = (Req SENT BY INITIATOR,
+    Resp SENT BY TARGET), initiator service I on queue q_i, target service T on queue q_t."""
+
+    broker: Broker
+
+    def dialog(self, contract: str = "C", **kwargs: object) -> uuid.UUID:
+        with self.broker.transaction() as tx:
+            return tx.begin_dialog("I", "T", contract, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def app(broker: Broker) -> App:
+    with broker.transaction() as tx:
+        tx.create_message_type("Req")
+        tx.create_message_type("Resp")
+        tx.create_contract("C", {"Req": "INITIATOR", "Resp": "TARGET"})
+        tx.create_queue("q_i")
+        tx.create_queue("q_t")
+        tx.create_service("I", "q_i")
+        tx.create_service("T", "q_t", ["C", "DEFAULT"])
+    return App(broker)
