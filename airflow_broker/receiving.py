@@ -37,7 +37,9 @@ class ReceiveStatements(StatementRunner):
         params = [queue_name, top, conversation_handle, conversation_group_id]
 
         def once() -> list[Message]:
-            return [Message(*row) for row in self.run(q, params)]
+            messages = [Message(*row) for row in self.run(q, params)]
+            self.locked_groups({m.conversation_group_id for m in messages})
+            return messages
 
         return self._waitfor(queue_name, once, bool, waitfor, timeout, [])
 
@@ -50,6 +52,8 @@ class ReceiveStatements(StatementRunner):
 
         def once() -> uuid.UUID | None:
             group: uuid.UUID | None = self.scalar(q, [queue_name])
+            if group is not None:
+                self.locked_groups({group})
             return group
 
         return self._waitfor(queue_name, once, lambda g: g is not None, waitfor, timeout, None)

@@ -3,6 +3,7 @@ database errors to BrokerError."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,13 @@ class StatementRunner:
         self.conn = conn
         self.broker = broker
         self.schema = broker.schema
+        # Groups locked inside each open savepoint(), innermost last.
+        self._savepoint_groups: list[set[uuid.UUID]] = []
+
+    def locked_groups(self, groups: set[uuid.UUID]) -> None:
+        """Remembers groups a statement locked, so a savepoint rollback can keep them."""
+        if self._savepoint_groups:
+            self._savepoint_groups[-1].update(groups)
 
     def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
         """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from psycopg import sql
+
 from airflow_broker.catalog import CatalogStatements
 from airflow_broker.conversations import ConversationStatements
 from airflow_broker.receiving import ReceiveStatements
+
+_names = itertools.count(1)
 
 
 class Transaction(CatalogStatements, ConversationStatements, ReceiveStatements):
@@ -12,9 +21,40 @@ class Transaction(CatalogStatements, ConversationStatements, ReceiveStatements):
 
     Everything a statement does commits or rolls back with the caller's own work on the same
     connection. As with any PostgreSQL error, a failed statement aborts the transaction; use
-    ``savepoint()`` around a statement whose failure you want to survive.
+    ``savepoint()`` around work whose failure you want to survive.
     """
 
-    def savepoint(self):  # type: ignore[no-untyped-def]
-        """``with tx.savepoint(): ...`` rolls back only the block on error."""
-        return self.conn.transaction()
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """SAVE TRANSACTION / ROLLBACK TRANSACTION to it: an exception in the block undoes only
+        the block, and the transaction goes on.
+
+        As in SQL Server, conversation groups locked inside the block stay locked after the
+        rollback. PostgreSQL releases row locks taken after a savepoint when rolling back to it,
+        so they are taken again in the same round trip as the rollback.
+        """
+        name = sql.Identifier(f"broker_savepoint_{next(_names)}")
+        groups: set[uuid.UUID] = set()
+        self.conn.execute(sql.SQL("SAVEPOINT {}").format(name))
+        self._savepoint_groups.append(groups)
+        try:
+            yield
+        except BaseException:
+            rollback = sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name)
+            if groups:
+                relock = sql.SQL(
+                    "SELECT 1 FROM {}.dialog_groups WHERE conversation_group_id IN ({})"
+                    " ORDER BY conversation_group_id FOR NO KEY UPDATE"
+                ).format(
+                    sql.Identifier(self.schema),
+                    sql.SQL(", ").join(sql.Literal(str(g)) + sql.SQL("::uuid") for g in groups),
+                )
+                rollback = sql.SQL("; ").join([rollback, relock])
+            self.conn.execute(rollback)
+            raise
+        else:
+            self.conn.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
+        finally:
+            self._savepoint_groups.pop()
+            if self._savepoint_groups:
+                self._savepoint_groups[-1].update(groups)
