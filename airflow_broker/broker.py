@@ -61,7 +61,7 @@ class Broker:
         self.embedded: EmbeddedPostgres | None = None
         resolved = resolve_dsn(dsn)
         if resolved is None:
-            self.embedded = EmbeddedPostgres(data_dir)
+            self.embedded = EmbeddedPostgres(None if data_dir is None else os.fspath(data_dir))
             resolved = self.embedded.ensure_database()
         self.dsn = resolved
         self.poll_interval = poll_interval

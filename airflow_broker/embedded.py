@@ -43,7 +43,7 @@ class EmbeddedPostgres:
         log.info("starting embedded PostgreSQL in %s", self.data_dir)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
-            self._server: Any = pgserver.get_server(
+            self._server: Any = pgserver.get_server(  # type: ignore[attr-defined]
                 self.data_dir, cleanup_mode=None if keep_running else "stop"
             )
 

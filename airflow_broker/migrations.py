@@ -42,7 +42,8 @@ class InstallReport:
 
 def _files(folder: str) -> list[SqlFile]:
     entries = [e for e in (_SQL / folder).iterdir() if e.name.endswith(".sql")]
-    return [SqlFile(e.name, e.read_text(encoding="utf-8")) for e in sorted(entries, key=lambda e: e.name)]
+    entries.sort(key=lambda e: e.name)
+    return [SqlFile(e.name, e.read_text(encoding="utf-8")) for e in entries]
 
 
 def migrations() -> list[SqlFile]:
@@ -72,7 +73,7 @@ def install(dsn: str, schema: str = "broker", *, up_to: str | None = None) -> In
                     " applied_at timestamptz NOT NULL DEFAULT now())"
                 ).format(sql.Identifier(schema))
             )
-            done = dict(
+            done: dict[str, str] = dict(
                 conn.execute(
                     sql.SQL("SELECT name, checksum FROM {}.schema_migrations").format(
                         sql.Identifier(schema)

@@ -70,7 +70,9 @@ class ReceiveStatements(StatementRunner):
         if timeout is not None and not waitfor:
             raise BrokerError(102, "Incorrect syntax near 'TIMEOUT': TIMEOUT needs WAITFOR.")
         if timeout is not None and (math.isnan(timeout) or timeout < 0):
-            raise BrokerError(50106, f"Incorrect value {timeout} for TIMEOUT; expected seconds >= 0.")
+            raise BrokerError(
+                50106, f"Incorrect value {timeout} for TIMEOUT; expected seconds >= 0."
+            )
         result = attempt()
         if found(result) or not waitfor:
             return result

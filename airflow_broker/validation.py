@@ -78,7 +78,7 @@ def schema_error(body: bytes, schemas: Sequence[str]) -> str | None:
         schema = compile_schema(xsd)
         if schema.validate(document):
             return None
-        reasons.append(str(schema.error_log.last_error))
+        reasons.append(str(schema.error_log.last_error))  # type: ignore[attr-defined]
     return "; ".join(reasons) or "no schema in the collection"
 
 

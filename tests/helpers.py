@@ -21,7 +21,7 @@ def snapshot(broker: Broker) -> dict[str, list[tuple[Any, ...]]]:
     with psycopg.connect(broker.dsn) as conn:
         return {
             table: sorted(
-                conn.execute(f"SELECT t::text FROM broker.{table} t").fetchall()  # noqa: S608
+                conn.execute(f"SELECT t::text FROM broker.{table} t").fetchall()
             )
             for table in SNAPSHOT_TABLES
         }
@@ -29,7 +29,7 @@ def snapshot(broker: Broker) -> dict[str, list[tuple[Any, ...]]]:
 
 def count(broker: Broker, query: str, params: tuple[Any, ...] = ()) -> int:
     with psycopg.connect(broker.dsn) as conn:
-        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(query, params).fetchone()
         assert row is not None
         return int(row[0])
 

@@ -43,9 +43,10 @@ def rows(broker: Broker, query: str) -> list[tuple[object, ...]]:
 
 
 def test_T_SYS_01_system_types_and_contracts(broker: Broker) -> None:
-    types = dict(rows(broker, "SELECT name, validation FROM broker.service_message_types"))
+    types = {name: validation for name, validation in
+             rows(broker, "SELECT name, validation FROM broker.service_message_types")}
     assert types == SYSTEM_TYPES
-    assert all(not name.startswith("https://") for name in types)
+    assert all(not str(name).startswith("https://") for name in types)
     contracts = {name for (name,) in rows(broker, "SELECT name FROM broker.service_contracts")}
     assert contracts == {
         "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification",

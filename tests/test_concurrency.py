@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -91,10 +92,10 @@ def test_four_readers_drain_10000_messages_exactly_once_in_order(app: App) -> No
     for sequences in by_conversation.values():
         assert sequences == list(range(PER_CONVERSATION))  # in order, no gaps
     # No two readers ever held the same group at the same time.
-    readers_seen = set()
+    readers_seen: set[int] = set()
     for intervals in holding.values():
         intervals.sort()
-        for (_, end, first), (start, _, second) in zip(intervals, intervals[1:], strict=False):
+        for (_, end, first), (start, _, second) in itertools.pairwise(intervals):
             readers_seen.update((first, second))
             if first != second:
                 assert end <= start, "two readers held one conversation group at once"

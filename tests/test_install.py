@@ -9,7 +9,6 @@ import zipfile
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from airflow_broker import Broker
 from airflow_broker.migrations import functions, install, migrations, pending
@@ -45,7 +44,7 @@ def test_upgrade_keeps_data(empty_dsn: str) -> None:
             assert [m.message_body for m in tx.receive("q")] == [b"still works"]
 
 
-def test_changed_function_file_is_reapplied(empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_changed_function_file_is_reapplied(empty_dsn: str) -> None:
     install(empty_dsn)
     with psycopg.connect(empty_dsn) as conn:
         conn.execute("INSERT INTO broker.schema_migrations (name, checksum) VALUES ('x', 'y')")

@@ -93,7 +93,7 @@ def test_T_RC_02_one_group_per_receive(app: App) -> None:
             for i in range(3):
                 tx.send(reply_to, "Resp", f"{i}")
     with psycopg.connect(app.broker.dsn) as conn:
-        groups = dict(conn.execute(
+        groups: dict[uuid.UUID, uuid.UUID] = dict(conn.execute(
             "SELECT conversation_handle, conversation_group_id FROM broker.conversation_endpoints"
             " WHERE is_initiator").fetchall())
     g1, g2 = groups[d1], groups[d3]
