@@ -31,7 +31,6 @@ INSERT INTO error_messages (error_number, text) VALUES
     (8414, 'The conversation group ID ''%s'' is not valid in this context.'),
     (8417, 'The service contract name is NULL. Specify a service contract name.'),
     (8418, 'The conversation handle is missing. Specify a conversation handle.'),
-    (8420, 'The conversation group ID is missing. Specify a conversation group ID.'),
     (8421, 'The service name is missing. Specify a service name.'),
     (8423, 'The service "%s" is not found.'),
     (8425, 'The service contract "%s" is not found.'),

@@ -1,0 +1,83 @@
+"""The ``airflow-broker`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from airflow_broker.broker import Broker
+from airflow_broker.embedded import EmbeddedPostgres, default_data_dir
+from airflow_broker.errors import BrokerError
+
+
+def _install(args: argparse.Namespace) -> int:
+    with Broker(args.dsn, schema=args.schema) as broker:
+        report = broker.install()
+    if report.applied:
+        print(f"schema {report.schema}: applied {', '.join(report.applied)}")
+    else:
+        print(f"schema {report.schema}: already current")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from airflow_broker.demo import run_demo
+
+    result = run_demo(args.dsn, accounts=args.accounts, trades_per_account=args.trades)
+    ok = result.booked + 1 == result.sent and result.acknowledged == result.booked
+    return 0 if ok and result.booked_in_order and len(result.errors) == 1 else 1
+
+
+def _server(args: argparse.Namespace) -> int:
+    server = EmbeddedPostgres(args.data_dir, keep_running=args.action == "start")
+    if args.action == "stop":
+        server.stop()
+        print(f"stopped the embedded PostgreSQL in {server.data_dir}")
+    else:
+        print(server.ensure_database())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="airflow-broker",
+        description="SQL Server Service Broker semantics on PostgreSQL.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    install = commands.add_parser("install", help="create or upgrade the broker schema")
+    install.add_argument("--dsn", help="PostgreSQL DSN (default: AIRFLOW_BROKER_DSN, else the "
+                                       "embedded PostgreSQL)")
+    install.add_argument("--schema", help="broker schema (default: AIRFLOW_BROKER_SCHEMA or "
+                                          "broker)")
+    install.set_defaults(run=_install)
+
+    demo = commands.add_parser("demo", help="run the stock-trade demo")
+    demo.add_argument("--dsn", help="PostgreSQL DSN (default: the embedded PostgreSQL)")
+    demo.add_argument("--accounts", type=int, default=40, help="dialogs (one per account)")
+    demo.add_argument("--trades", type=int, default=25, help="trades per account")
+    demo.set_defaults(run=_demo)
+
+    server = commands.add_parser(
+        "server", help="the embedded PostgreSQL: start it (and keep it running), print its "
+                       "URI, or stop it")
+    server.add_argument("action", choices=["start", "uri", "stop"])
+    server.add_argument("--data-dir", default=None,
+                        help=f"data directory (default: {default_data_dir()})")
+    server.set_defaults(run=_server)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.run(args)
+        return code
+    except BrokerError as exc:
+        print(f"airflow-broker: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""What users read first stays true: the README example runs, and every error number the
+broker can raise is documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+
+from airflow_broker import Broker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_example_runs(dsn: str) -> None:
+    readme = (ROOT / "README.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    assert "with Broker() as broker:" in example
+    code = example.replace("with Broker() as broker:", "with Broker(dsn) as broker:")
+    exec(compile(code, "README.md", "exec"), {"dsn": dsn})  # noqa: S102
+    with Broker(dsn) as broker, broker.transaction() as tx:
+        (ack,) = tx.receive("TraderQueue")
+    assert ack.text() == '<ack trade="1"/>'
+
+
+def test_every_error_number_is_documented(dsn: str) -> None:
+    documented = set(re.findall(r"^\| (\d+) \|", (ROOT / "docs/errors.md").read_text(), re.M))
+    with psycopg.connect(dsn) as conn:
+        raised = {str(n) for (n,) in conn.execute(
+            "SELECT error_number FROM broker.error_messages").fetchall()}
+    assert raised <= documented, sorted(raised - documented)
