@@ -18,7 +18,7 @@ def test_readme_example_runs(dsn: str) -> None:
     (example,) = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
     assert "with Broker() as broker:" in example
     code = example.replace("with Broker() as broker:", "with Broker(dsn) as broker:")
-    exec(compile(code, "README.md", "exec"), {"dsn": dsn})  # noqa: S102
+    exec(compile(code, "README.md", "exec"), {"dsn": dsn})
     with Broker(dsn) as broker, broker.transaction() as tx:
         (ack,) = tx.receive("TraderQueue")
     assert ack.text() == '<ack trade="1"/>'
