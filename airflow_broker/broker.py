@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
@@ -107,6 +108,25 @@ class Broker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def now(self) -> dt.datetime:
+        """The broker clock (UTC): what every time-based rule reads."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                sql.SQL("SELECT {}.utc_now()").format(sql.Identifier(self.schema))).fetchone()
+        assert row is not None
+        value: dt.datetime = row[0]
+        return value
+
+    def advance_clock(self, by: dt.timedelta) -> dt.datetime:
+        """Moves the broker clock forward (tests, and rehearsing timeouts)."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                sql.SQL("SELECT {}.advance_clock(%s)").format(sql.Identifier(self.schema)),
+                [by]).fetchone()
+        assert row is not None
+        value: dt.datetime = row[0]
+        return value
 
     # Shared by the statements of every Transaction of this Broker.
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+import datetime as dt
+import logging
+
 from airflow_broker.errors import BrokerError
 from airflow_broker.statement import StatementRunner
 from airflow_broker.validation import verdict
+
+log = logging.getLogger(__name__)
 
 MAX_LIFETIME = 2_147_483_647
 
@@ -89,3 +94,55 @@ class ConversationStatements(StatementRunner):
                 # The message type changed since it was cached: the next SEND reloads it.
                 self.broker.forget_message_types()
             raise
+
+    def end_conversation(
+        self,
+        conversation_handle: uuid.UUID,
+        *,
+        error: int | None = None,
+        description: str | None = None,
+        cleanup: bool = False,
+    ) -> None:
+        """END CONVERSATION [WITH ERROR = error DESCRIPTION = description | WITH CLEANUP].
+
+        A normal END sends EndDialog after every earlier message; WITH ERROR sends an Error
+        (code > 0) and drops what was still waiting to be delivered; WITH CLEANUP removes the
+        endpoint and everything it holds without telling the peer (meant for leaked or
+        orphaned endpoints, never for normal processing).
+        """
+        if cleanup:
+            if error is not None or description is not None:
+                raise BrokerError(102, "Incorrect syntax near 'CLEANUP': WITH ERROR and WITH "
+                                       "CLEANUP exclude each other.")
+            self.run(self.function("end_conversation_with_cleanup", 1, ["uuid"]),
+                     [conversation_handle])
+            return
+        if error is None and description is None:
+            q = self.function("end_conversation", 1, ["uuid"])
+            warning = self.scalar(q, [conversation_handle])
+        else:
+            q = self.function("end_conversation_with_error", 3, ["uuid", "integer", "text"])
+            warning = self.scalar(q, [conversation_handle, error, description])
+        if warning == "fire_and_forget":
+            log.warning(
+                "conversation %s: the initiator ended in the transaction that sent its first "
+                "message, before the target answered (fire-and-forget). The target endpoint "
+                "will stay CLOSED until its lifetime ends and errors from the target are lost; "
+                "let the target end first, or give the dialog a LIFETIME.",
+                conversation_handle,
+            )
+
+    def begin_conversation_timer(self, conversation_handle: uuid.UUID, timeout: int) -> dt.datetime:
+        """BEGIN CONVERSATION TIMER: a DialogTimer message arrives on this endpoint's own queue
+        after ``timeout`` seconds (a second call replaces the deadline). Returns the deadline
+        (UTC)."""
+        q = self.function("begin_conversation_timer", 2, ["uuid", "integer"])
+        due: dt.datetime = self.scalar(q, [conversation_handle, timeout])
+        return due
+
+    def move_conversation(
+        self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
+    ) -> None:
+        """MOVE CONVERSATION into another group of the same service; both groups are locked."""
+        q = self.function("move_conversation", 2, ["uuid", "uuid"])
+        self.run(q, [conversation_handle, conversation_group_id])

@@ -164,6 +164,13 @@ BEGIN
         execute_as = CASE WHEN p_drop_activation THEN NULL
                           ELSE coalesce(p_execute_as, execute_as) END
      WHERE object_id = q.object_id;
+    IF p_status THEN
+        -- Messages held while the queue was disabled arrive now, in order.
+        PERFORM retry_transmissions(2147483647, true);
+    ELSIF p_status = false THEN
+        -- A WAITFOR on a disabled queue ends with 9617 at once.
+        PERFORM wake_waiters(q.object_id);
+    END IF;
 END
 $$;
 

@@ -55,6 +55,114 @@ BEGIN
 END
 $$;
 
+-- Puts one message of an endpoint on its peer's queue, in this transaction (local delivery).
+-- Returns NULL when the message was delivered or has been dealt with (refused with an Error to
+-- the sender, or discarded because the peer has ended), and otherwise the transmission status
+-- with which it has to wait in the transmission queue.
+CREATE OR REPLACE FUNCTION deliver(
+    p_handle uuid, p_conversation_id uuid, p_is_initiator boolean, p_contract_id integer,
+    p_service_name text, p_far_handle uuid, p_far_service text, p_lifetime timestamp,
+    p_priority smallint, p_seq bigint, p_type_id integer, p_body bytea)
+RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_kind text := CASE p_type_id WHEN 1 THEN 'error' WHEN 2 THEN 'end' ELSE 'data' END;
+    v_handle uuid;
+    v_group uuid;
+    v_service integer;
+    v_queue integer;
+    v_enabled boolean;
+    v_state char(2);
+    v_supports boolean;
+    v_now timestamp;
+BEGIN
+    IF p_far_handle IS NOT NULL THEN
+        SELECT e.conversation_handle, e.conversation_group_id, e.service_id, e.state,
+               s.service_queue_id, q.is_enqueue_enabled
+          INTO v_handle, v_group, v_service, v_state, v_queue, v_enabled
+          FROM endpoints e
+          JOIN service_defs s ON s.service_id = e.service_id
+          JOIN queues q ON q.object_id = s.service_queue_id
+         WHERE e.conversation_handle = p_far_handle;
+        IF v_handle IS NULL OR v_state IN ('DO', 'CD') THEN
+            -- The peer has ended or was removed WITH CLEANUP: the message is discarded.
+            IF v_kind = 'error' THEN
+                PERFORM audit_error(p_handle, p_body, 'arrived after the peer endpoint ended');
+            ELSIF v_kind = 'data' AND v_handle IS NULL THEN
+                PERFORM deliver_error(p_handle, -8462,
+                    'The remote conversation endpoint is either in a state where no more '
+                    'messages can be exchanged, or it has been dropped.');
+            END IF;
+            RETURN NULL;
+        END IF;
+        IF NOT v_enabled THEN
+            RETURN 'The target queue is disabled.';
+        END IF;
+    ELSE
+        -- Message 0: the target service is looked up byte for byte.
+        SELECT s.service_id, s.service_queue_id, q.is_enqueue_enabled,
+               EXISTS (SELECT 1 FROM service_def_contracts u
+                        WHERE u.service_id = s.service_id
+                          AND u.service_contract_id = p_contract_id)
+          INTO v_service, v_queue, v_enabled, v_supports
+          FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
+         WHERE s.name = p_far_service;
+        IF v_service IS NULL THEN
+            RETURN format('The target service name ''%s'' could not be found. Ensure that the '
+                          'service name is specified correctly and/or the routing information '
+                          'has been supplied.', p_far_service);
+        END IF;
+        IF NOT v_supports THEN
+            PERFORM deliver_error(p_handle, -8408,
+                format('Target service ''%s'' does not support contract ''%s''.', p_far_service,
+                       (SELECT name FROM contracts WHERE service_contract_id = p_contract_id)));
+            RETURN NULL;
+        END IF;
+        IF NOT v_enabled THEN
+            RETURN 'The target queue is disabled.';
+        END IF;
+        -- The first message creates the target endpoint and its own group.
+        v_handle := gen_random_uuid();
+        v_group := gen_random_uuid();
+        v_state := 'CO';
+        v_now := utc_now();
+        INSERT INTO dialog_groups (conversation_group_id, service_id) VALUES (v_group, v_service);
+        INSERT INTO endpoints (
+            conversation_handle, conversation_id, is_initiator, service_contract_id,
+            conversation_group_id, service_id, far_handle, far_service, lifetime, state,
+            created_at)
+        VALUES (v_handle, p_conversation_id, false, p_contract_id, v_group, v_service,
+                p_handle, p_service_name, p_lifetime, 'CO', v_now);
+        UPDATE endpoints SET far_handle = v_handle, message0_xid = pg_current_xact_id()
+         WHERE conversation_handle = p_handle;
+    END IF;
+
+    INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
+                                message_sequence_number, precedence, service_id,
+                                service_contract_id, message_type_id, message_body, message_id,
+                                enqueued_at)
+    VALUES (v_queue, p_priority, v_group, v_handle, p_seq,
+            CASE v_kind WHEN 'error' THEN 1 ELSE 2 END, v_service, p_contract_id, p_type_id,
+            p_body, gen_random_uuid(), coalesce(v_now, utc_now()));
+    IF v_kind = 'end' THEN
+        UPDATE endpoints SET state = 'DI', end_dialog_sequence = p_seq
+         WHERE conversation_handle = v_handle AND state IN ('SI', 'CO');
+    ELSIF v_kind = 'error' THEN
+        UPDATE endpoints SET state = 'ER'
+         WHERE conversation_handle = v_handle AND state IN ('SI', 'CO', 'DI');
+    END IF;
+    IF NOT p_is_initiator AND v_state NOT IN ('DO', 'CD')
+       AND (SELECT security_timestamp FROM endpoints WHERE conversation_handle = p_handle)
+           = '1900-01-01' THEN
+        -- The open initiator acknowledges this message with the flag "message 0 acknowledged",
+        -- which starts the target's 30 minutes of replay protection (spec 15.1).
+        UPDATE endpoints SET security_timestamp = utc_now() + interval '30 minutes'
+         WHERE conversation_handle = p_handle;
+    END IF;
+    PERFORM wake_waiters(v_queue);
+    RETURN NULL;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION send(
     p_handles uuid[],
     p_message_type text,
@@ -66,28 +174,22 @@ RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_type message_types;
     v_body bytea := nullif(p_body, '\x'::bytea);
-    v_now timestamp;
     v_found integer := 0;
     e record;
     v_seq bigint;
-    v_peer uuid;
-    v_dest_handle uuid;
-    v_dest_group uuid;
-    v_dest_service integer;
-    v_dest_queue integer;
-    v_dest_enabled boolean;
-    v_supports boolean;
+    v_missing uuid;
     v_reject record;
     v_status text;
+    v_rejected boolean;
 BEGIN
     IF p_handles IS NULL OR cardinality(p_handles) = 0
        OR array_position(p_handles, NULL) IS NOT NULL THEN
         PERFORM raise_error(8418);
     END IF;
     IF cardinality(p_handles) > 1 THEN
-        SELECT h INTO v_peer FROM unnest(p_handles) h GROUP BY h HAVING count(*) > 1 LIMIT 1;
-        IF v_peer IS NOT NULL THEN
-            PERFORM raise_error(50102, v_peer::text);
+        SELECT h INTO v_missing FROM unnest(p_handles) h GROUP BY h HAVING count(*) > 1 LIMIT 1;
+        IF v_missing IS NOT NULL THEN
+            PERFORM raise_error(50102, v_missing::text);
         END IF;
     END IF;
     SELECT * INTO v_type FROM message_types WHERE name = p_message_type;
@@ -97,7 +199,8 @@ BEGIN
     IF p_body IS NULL AND NOT coalesce(p_body_omitted, false) THEN
         PERFORM raise_error(8433);
     END IF;
-    v_now := utc_now();
+    -- The target's verdict on the body does not depend on which conversation carries it.
+    v_reject := body_rejection(v_type, v_body, p_checked_as, p_xml_error);
 
     FOR e IN
         SELECT ce.conversation_handle, ce.conversation_id, ce.is_initiator, ce.state,
@@ -135,104 +238,28 @@ BEGIN
             PERFORM raise_error(9618, e.queue_name);
         END IF;
         v_seq := e.send_sequence;
+        v_rejected := v_reject.code IS NOT NULL;
         v_status := NULL;
-        v_dest_handle := NULL;
-        v_dest_group := NULL;
-        v_dest_service := NULL;
-        v_dest_queue := NULL;
-        v_dest_enabled := NULL;
 
-        IF e.far_handle IS NOT NULL THEN
-            SELECT ce.conversation_handle, ce.conversation_group_id, ce.service_id,
-                   s.service_queue_id, q.is_enqueue_enabled
-              INTO v_dest_handle, v_dest_group, v_dest_service, v_dest_queue, v_dest_enabled
-              FROM endpoints ce
-              JOIN service_defs s ON s.service_id = ce.service_id
-              JOIN queues q ON q.object_id = s.service_queue_id
-             WHERE ce.conversation_handle = e.far_handle AND ce.state NOT IN ('DO', 'CD');
-            IF v_dest_handle IS NULL THEN
-                -- The peer was removed WITH CLEANUP or has already closed.
-                PERFORM deliver_error(e.conversation_handle, -8462,
-                    'The remote conversation endpoint is either in a state where no more '
-                    'messages can be exchanged, or it has been dropped.');
-                v_status := 'rejected';
-            END IF;
-        ELSIF EXISTS (SELECT 1 FROM transmissions
-                       WHERE conversation_handle = e.conversation_handle) THEN
-            -- Earlier messages are still waiting: this one waits behind them, in order.
+        IF v_rejected THEN
+            PERFORM deliver_error(e.conversation_handle, v_reject.code, v_reject.description);
+        ELSE
+            -- Messages already waiting in the transmission queue go first.
             v_status := (SELECT transmission_status FROM transmissions
                           WHERE conversation_handle = e.conversation_handle
                           ORDER BY message_sequence_number DESC LIMIT 1);
-        ELSE
-            -- First message of the dialog: the target service is looked up byte for byte.
-            SELECT s.service_id, s.service_queue_id, q.is_enqueue_enabled,
-                   EXISTS (SELECT 1 FROM service_def_contracts u
-                            WHERE u.service_id = s.service_id
-                              AND u.service_contract_id = e.service_contract_id)
-              INTO v_dest_service, v_dest_queue, v_dest_enabled, v_supports
-              FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
-             WHERE s.name = e.far_service;
-            IF v_dest_service IS NULL THEN
-                v_status := format('The target service name ''%s'' could not be found. Ensure '
-                                   'that the service name is specified correctly and/or the '
-                                   'routing information has been supplied.', e.far_service);
-            ELSIF NOT v_supports THEN
-                PERFORM deliver_error(e.conversation_handle, -8408,
-                    format('Target service ''%s'' does not support contract ''%s''.',
-                           e.far_service,
-                           (SELECT name FROM contracts
-                             WHERE service_contract_id = e.service_contract_id)));
-                v_status := 'rejected';
+            IF v_status IS NULL THEN
+                v_status := deliver(e.conversation_handle, e.conversation_id, e.is_initiator,
+                                    e.service_contract_id, e.service_name, e.far_handle,
+                                    e.far_service, e.lifetime, e.priority, v_seq,
+                                    v_type.message_type_id, v_body);
             END IF;
-        END IF;
-
-        IF v_status IS NULL THEN
-            v_reject := body_rejection(v_type, v_body, p_checked_as, p_xml_error);
-            IF v_reject.code IS NOT NULL THEN
-                PERFORM deliver_error(e.conversation_handle, v_reject.code,
-                                      v_reject.description);
-                v_status := 'rejected';
-            ELSIF NOT v_dest_enabled THEN
-                v_status := 'The target queue is disabled.';
+            IF v_status IS NOT NULL THEN
+                PERFORM hold_for_transmission(e.conversation_handle, e.far_service,
+                                              e.service_name, e.service_contract_id, v_seq,
+                                              v_type.message_type_id, v_body, e.priority,
+                                              v_status);
             END IF;
-        END IF;
-
-        IF v_status IS NULL THEN
-            IF e.far_handle IS NULL THEN
-                -- The first message creates the target endpoint and its own group.
-                v_dest_handle := gen_random_uuid();
-                v_dest_group := gen_random_uuid();
-                INSERT INTO dialog_groups (conversation_group_id, service_id)
-                VALUES (v_dest_group, v_dest_service);
-                INSERT INTO endpoints (
-                    conversation_handle, conversation_id, is_initiator, service_contract_id,
-                    conversation_group_id, service_id, far_handle, far_service, lifetime, state,
-                    created_at)
-                VALUES (
-                    v_dest_handle, e.conversation_id, false, e.service_contract_id,
-                    v_dest_group, v_dest_service, e.conversation_handle, e.service_name,
-                    e.lifetime, 'CO', v_now);
-                UPDATE endpoints SET far_handle = v_dest_handle
-                 WHERE conversation_handle = e.conversation_handle;
-            END IF;
-            INSERT INTO queue_messages (queue_id, priority, conversation_group_id,
-                                        conversation_handle, message_sequence_number,
-                                        service_id, service_contract_id, message_type_id,
-                                        message_body, message_id, enqueued_at)
-            VALUES (v_dest_queue, e.priority, v_dest_group,
-                    v_dest_handle, v_seq, v_dest_service, e.service_contract_id,
-                    v_type.message_type_id, v_body, gen_random_uuid(), v_now);
-            PERFORM wake_waiters(v_dest_queue);
-        ELSIF v_status <> 'rejected' THEN
-            INSERT INTO transmissions (conversation_handle, to_service_name,
-                                            from_service_name, service_contract_name,
-                                            enqueue_time, message_sequence_number,
-                                            message_type_id, message_body, priority,
-                                            transmission_status, message_id)
-            VALUES (e.conversation_handle, e.far_service, e.service_name,
-                    (SELECT name FROM contracts WHERE service_contract_id = e.service_contract_id),
-                    v_now, v_seq, v_type.message_type_id, v_body, e.priority, v_status,
-                    gen_random_uuid());
         END IF;
 
         IF e.is_retention_enabled THEN
@@ -242,22 +269,20 @@ BEGIN
                                         message_body, message_id, enqueued_at)
             VALUES (e.service_queue_id, 3, e.priority, e.conversation_group_id,
                     e.conversation_handle, v_seq, e.service_id, e.service_contract_id,
-                    v_type.message_type_id, v_body, gen_random_uuid(), v_now);
+                    v_type.message_type_id, v_body, gen_random_uuid(), utc_now());
         END IF;
 
         UPDATE endpoints
            SET send_sequence = v_seq + 1,
-               state = CASE WHEN state = 'SO' AND v_status IS DISTINCT FROM 'rejected'
-                            THEN 'CO' ELSE state END
+               state = CASE WHEN state = 'SO' AND NOT v_rejected THEN 'CO' ELSE state END
          WHERE conversation_handle = e.conversation_handle;
     END LOOP;
 
     IF v_found < cardinality(p_handles) THEN
-        SELECT h INTO v_peer FROM unnest(p_handles) h
-         WHERE NOT EXISTS (SELECT 1 FROM endpoints
-                            WHERE conversation_handle = h)
+        SELECT h INTO v_missing FROM unnest(p_handles) h
+         WHERE NOT EXISTS (SELECT 1 FROM endpoints WHERE conversation_handle = h)
          LIMIT 1;
-        PERFORM raise_error(8426, v_peer::text);
+        PERFORM raise_error(8426, v_missing::text);
     END IF;
 END
 $$;

@@ -1,0 +1,151 @@
+-- END CONVERSATION (spec 11): normal, WITH ERROR, WITH CLEANUP.
+
+-- Locks an endpoint and its group for a statement that changes it; 8426 when it is unknown.
+CREATE OR REPLACE FUNCTION lock_endpoint(p_handle uuid) RETURNS endpoints
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    e endpoints;
+BEGIN
+    IF p_handle IS NULL THEN
+        PERFORM raise_error(8418);
+    END IF;
+    SELECT ce.* INTO e
+      FROM endpoints ce
+      JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
+     WHERE ce.conversation_handle = p_handle
+       FOR NO KEY UPDATE OF ce, g;
+    IF NOT FOUND THEN
+        PERFORM raise_error(8426, p_handle::text);
+    END IF;
+    RETURN e;
+END
+$$;
+
+-- Returns 'fire_and_forget' when an initiator ends in the transaction that sent message 0,
+-- before anything came back: the pattern that leaks target endpoints (spec 15.3).
+CREATE OR REPLACE FUNCTION end_conversation(p_handle uuid, p_with_error boolean,
+                                            p_error_code integer, p_error_description text)
+RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    e endpoints := lock_endpoint(p_handle);
+    v_service text;
+    v_type integer;
+    v_body bytea;
+    v_status text;
+    v_warning text;
+    v_peer_sent bigint;
+BEGIN
+    IF p_with_error THEN
+        IF p_error_code IS NULL AND p_error_description IS NULL THEN
+            PERFORM raise_error(8419);
+        ELSIF p_error_code IS NULL THEN
+            PERFORM raise_error(8422);
+        ELSIF p_error_description IS NULL THEN
+            PERFORM raise_error(8424);
+        ELSIF p_error_code <= 0 THEN
+            PERFORM raise_error(50109, p_error_code::text);
+        ELSIF length(p_error_description) > 3000 THEN
+            PERFORM raise_error(50106, length(p_error_description)::text,
+                                'the length of the error description', 'at most 3000');
+        END IF;
+    END IF;
+    IF e.state IN ('DO', 'CD') THEN
+        PERFORM raise_error(8427, e.state);
+    END IF;
+
+    -- Unreceived messages of the conversation go; an Error among them is audited first.
+    PERFORM audit_error(p_handle, m.message_body, 'purged by END CONVERSATION before it was received')
+       FROM queue_messages m
+      WHERE m.conversation_handle = p_handle AND m.message_type_id = 1 AND m.status = 1;
+    DELETE FROM queue_messages WHERE conversation_handle = p_handle;
+
+    IF e.state = 'SO' AND NOT EXISTS (SELECT 1 FROM transmissions
+                                       WHERE conversation_handle = p_handle) THEN
+        -- Nothing was ever sent: there is no peer to tell.
+        PERFORM delete_endpoint(p_handle);
+        RETURN NULL;
+    END IF;
+    IF e.state IN ('DI', 'ER') THEN
+        -- The peer has ended already (or the dialog failed): nothing more to send.
+        PERFORM close_endpoint(p_handle);
+        RETURN NULL;
+    END IF;
+
+    SELECT name INTO v_service FROM service_defs WHERE service_id = e.service_id;
+    IF e.is_initiator THEN
+        SELECT send_sequence INTO v_peer_sent FROM endpoints
+         WHERE conversation_handle = e.far_handle;
+        IF e.message0_xid = pg_current_xact_id() AND coalesce(v_peer_sent, 0) = 0 THEN
+            v_warning := 'fire_and_forget';
+        END IF;
+    END IF;
+    IF p_with_error THEN
+        -- An Error replaces whatever the conversation still had waiting (spec 11.2).
+        DELETE FROM transmissions WHERE conversation_handle = p_handle;
+        v_type := 1;
+        v_body := error_body(p_error_code, p_error_description);
+    ELSE
+        v_type := 2;
+    END IF;
+    UPDATE endpoints SET send_sequence = send_sequence + 1, end_dialog_sequence = e.send_sequence,
+                         state = 'DO'
+     WHERE conversation_handle = p_handle;
+
+    v_status := (SELECT transmission_status FROM transmissions
+                  WHERE conversation_handle = p_handle
+                  ORDER BY message_sequence_number DESC LIMIT 1);
+    IF v_status IS NULL AND e.far_handle IS NOT NULL THEN
+        v_status := deliver(p_handle, e.conversation_id, e.is_initiator, e.service_contract_id,
+                            v_service, e.far_handle, e.far_service, e.lifetime, e.priority,
+                            e.send_sequence, v_type, v_body);
+    ELSIF v_status IS NULL THEN
+        -- Message 0 never reached a target (it was refused): nobody to tell.
+        PERFORM close_endpoint(p_handle);
+        RETURN v_warning;
+    END IF;
+    IF v_status IS NOT NULL THEN
+        -- Waits in the transmission queue; the endpoint closes once it is delivered.
+        PERFORM hold_for_transmission(p_handle, e.far_service, v_service, e.service_contract_id,
+                                      e.send_sequence, v_type, v_body, e.priority, v_status);
+        RETURN v_warning;
+    END IF;
+    IF e.is_initiator AND NOT p_with_error AND e.message0_xid <> pg_current_xact_id() THEN
+        -- The initiator saw message 0 acknowledged before it ended: its EndDialog carries the
+        -- flag that starts the target's 30 minutes of replay protection.
+        UPDATE endpoints SET security_timestamp = utc_now() + interval '30 minutes'
+         WHERE conversation_handle = e.far_handle AND security_timestamp = '1900-01-01';
+    END IF;
+    -- Local delivery is acknowledged at once: DISCONNECTED_OUTBOUND becomes CLOSED.
+    PERFORM close_endpoint(p_handle);
+    RETURN v_warning;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION end_conversation(p_handle uuid) RETURNS text
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT end_conversation(p_handle, false, NULL::integer, NULL::text)
+$$;
+
+CREATE OR REPLACE FUNCTION end_conversation_with_error(p_handle uuid, p_error_code integer,
+                                                       p_error_description text)
+RETURNS text LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT end_conversation(p_handle, true, p_error_code, p_error_description)
+$$;
+
+-- WITH CLEANUP: the endpoint and everything it holds go; the peer is never told.
+CREATE OR REPLACE FUNCTION end_conversation_with_cleanup(p_handle uuid) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    e endpoints := lock_endpoint(p_handle);
+BEGIN
+    INSERT INTO cleanup_log (cleaned_at, cleaned_by, conversation_handle, conversation_id,
+                             is_initiator, state, service_name, far_service, queued_messages,
+                             pending_messages)
+    SELECT utc_now(), session_user, e.conversation_handle, e.conversation_id, e.is_initiator,
+           e.state, s.name, e.far_service,
+           (SELECT count(*) FROM queue_messages WHERE conversation_handle = p_handle),
+           (SELECT count(*) FROM transmissions WHERE conversation_handle = p_handle)
+      FROM service_defs s WHERE s.service_id = e.service_id;
+    PERFORM delete_endpoint(p_handle);
+END
+$$;

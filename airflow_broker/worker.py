@@ -1,0 +1,117 @@
+"""The broker worker: the background work SQL Server does inside its engine.
+
+Each pass fires due conversation timers, expires lifetimes, delivers what waits in the
+transmission queue and reclaims closed endpoints, each step in short transactions of its own
+(``run_once``). Several workers may run at once: every step takes its rows with SKIP LOCKED and
+is atomic, so a worker killed half-way leaves nothing half done. ``run`` repeats passes until
+SIGTERM or SIGINT, and reconnects when PostgreSQL restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, fields
+from types import FrameType
+
+import psycopg
+from psycopg import sql
+
+from airflow_broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+STEPS = ("fire_timers", "expire_lifetimes", "retry_transmissions", "reclaim_endpoints")
+
+
+@dataclass
+class PassResult:
+    timers_fired: int = 0
+    lifetimes_expired: int = 0
+    messages_delivered: int = 0
+    endpoints_reclaimed: int = 0
+
+    def __add__(self, other: PassResult) -> PassResult:
+        return PassResult(*(getattr(self, f.name) + getattr(other, f.name)
+                            for f in fields(self)))
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+class BrokerWorker:
+    def __init__(self, broker: Broker, *, batch_size: int = 1000, interval: float = 1.0) -> None:
+        self.broker = broker
+        self.batch_size = batch_size
+        self.interval = interval
+        self._stop = threading.Event()
+        self._calls = {
+            step: sql.SQL("SELECT {}.{}(%s)").format(sql.Identifier(broker.schema),
+                                                     sql.Identifier(step))
+            for step in STEPS
+        }
+
+    def _step(self, step: str) -> int:
+        """One step until it has nothing left, one batch per transaction."""
+        done = 0
+        while not self._stop.is_set():
+            with self.broker.pool.connection() as conn, conn.transaction():
+                row = conn.execute(self._calls[step], [self.batch_size]).fetchone()
+            count = int(row[0]) if row else 0
+            done += count
+            if count < self.batch_size:
+                break
+        return done
+
+    def run_once(self) -> PassResult:
+        """One pass of every step; returns what it did."""
+        return PassResult(*(self._step(step) for step in STEPS))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, *, handle_signals: bool = True) -> PassResult:
+        """Passes every ``interval`` seconds until stop(), SIGTERM or SIGINT."""
+        if handle_signals:
+            def on_signal(signum: int, _frame: FrameType | None) -> None:
+                log.info("broker worker: %s received, stopping after this step",
+                         signal.Signals(signum).name)
+                self.stop()
+
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+        total = PassResult()
+        backoff = self.interval
+        log.info("broker worker started on schema %s", self.broker.schema)
+        while not self._stop.is_set():
+            try:
+                result = self.run_once()
+                backoff = self.interval
+            except psycopg.OperationalError as exc:
+                log.warning("broker worker: database unavailable (%s); retrying in %.0f s",
+                            exc, backoff)
+                self.broker.pool.check()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            total = total + result
+            if result.total:
+                log.info("broker worker: %s", result)
+            self._stop.wait(self.interval)
+        log.info("broker worker stopped: %s", total)
+        return total
+
+
+def wait_until_idle(worker: BrokerWorker, limit: float = 60.0) -> PassResult:
+    """Passes until one does nothing (for tests and one-shot callers)."""
+    total = PassResult()
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        result = worker.run_once()
+        total = total + result
+        if not result.total:
+            break
+    return total

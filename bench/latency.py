@@ -1,0 +1,103 @@
+"""Scenario e: WAITFOR wake-up latency, from the sender's COMMIT returning to the waiting
+receiver's RECEIVE returning, with receiver and sender in two processes.
+
+Each sample: the receiver starts waiting and says so; after a random 20-120 ms (so the send lands
+at a uniformly random point of pgmq's 100 ms poll cycle, and our receiver is surely inside its
+wait) the sender sends and commits. perf_counter is the same monotonic clock in both processes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from bench import ours_setup, pgmq_peer
+from bench.harness import Env
+from bench.ops import OpParams
+from bench.report import Row, Scenario, Target, median, percentile
+from bench.workers import StepperTask
+
+RECEIVER, SENDER = 0, 1
+WARMUP_SAMPLES = 2
+# The receivers give up after 5 s; a sample is abandoned a little after that.
+SAMPLE_TIMEOUT = 15.0
+
+
+def _samples(env: Env, receiver: str, sender: str, params: OpParams, count: int,
+             rng: random.Random) -> tuple[list[float], int]:
+    """Wake-up latencies in seconds, and how many receives timed out."""
+    pool = env.pool
+    pool.open_stepper(RECEIVER, StepperTask(receiver, env.dsn, params))
+    pool.open_stepper(SENDER, StepperTask(sender, env.dsn, params))
+    latencies: list[float] = []
+    timeouts = 0
+    try:
+        for index in range(WARMUP_SAMPLES + count):
+            pool.send(RECEIVER, "step")
+            pool.expect(RECEIVER, "entering", SAMPLE_TIMEOUT)
+            time.sleep(rng.uniform(0.02, 0.12))
+            pool.send(SENDER, "step")
+            committed, _ = pool.expect(SENDER, "stepped", SAMPLE_TIMEOUT)[1]
+            returned, got = pool.expect(RECEIVER, "stepped", SAMPLE_TIMEOUT)[1]
+            if index < WARMUP_SAMPLES:
+                continue
+            if got:
+                latencies.append(returned - committed)
+            else:
+                timeouts += 1
+    finally:
+        pool.close_stepper(SENDER)
+        pool.close_stepper(RECEIVER)
+    return latencies, timeouts
+
+
+def wakeup(env: Env) -> Scenario:
+    target = env.catalog.targets["wait"]
+    handle = str(ours_setup.begin_dialogs(env.broker, target, 1)[0])
+    rounds = env.options.rounds
+    per_round = math.ceil(env.options.latency_samples / rounds)
+    rng = random.Random(7)
+    sides = {
+        "ours": ("ours.wait_receiver", "ours.commit_sender", OpParams(target.queue, (handle,))),
+        "pgmq": ("pgmq.poll_receiver", "pgmq.commit_sender", OpParams(target.queue)),
+    }
+    latencies: dict[str, list[float]] = {"ours": [], "pgmq": []}
+    p50s: dict[str, list[float]] = {"ours": [], "pgmq": []}
+    timeouts = {"ours": 0, "pgmq": 0}
+    for number in range(rounds):
+        order = ["ours", "pgmq"] if number % 2 == 0 else ["pgmq", "ours"]
+        for side in order:
+            with env.transaction() as conn:
+                ours_setup.purge(conn, target)
+                pgmq_peer.purge(conn, target.queue)
+            receiver, sender, params = sides[side]
+            got, missed = _samples(env, receiver, sender, params, per_round, rng)
+            latencies[side] += got
+            timeouts[side] += missed
+            p50 = median(got)
+            if p50 is not None:
+                p50s[side].append(p50 * 1000)
+            env.progress(
+                f"e round {number + 1}/{rounds} {side}: {len(got)} wake-ups, p50 "
+                f"{(p50 or 0) * 1000:.2f} ms" + (f", {missed} timed out" if missed else "")
+            )
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else value * 1000
+
+    note = (
+        f"{len(latencies['ours'])} samples for ours, {len(latencies['pgmq'])} for pgmq; "
+        f"timeouts: ours {timeouts['ours']}, pgmq {timeouts['pgmq']}"
+    )
+    peer = "pgmq.read_with_poll (poll 100 ms)"
+    return Scenario("e", "WAITFOR wake-up latency, sender COMMIT to receiver return", note=note,
+                    rows=[
+        Row("wake-up latency p50", "ms", peer, ms(percentile(latencies["pgmq"], 0.5)),
+            ms(percentile(latencies["ours"], 0.5)), higher_is_better=False,
+            target=Target("ours_at_most", 2.0, "ours <= 2 ms"),
+            peer_rounds=p50s["pgmq"], ours_rounds=p50s["ours"]),
+        Row("wake-up latency p99", "ms", peer, ms(percentile(latencies["pgmq"], 0.99)),
+            ms(percentile(latencies["ours"], 0.99)), higher_is_better=False,
+            target=Target("ours_at_most", 10.0, "ours <= 10 ms")),
+    ])

@@ -1,0 +1,122 @@
+"""Our side of every scenario, through the public Python API (Broker.transaction, tx.send,
+tx.receive), because that is what users run; pgmq is driven through plain psycopg calls with the
+same transaction pattern (BEGIN, statements, COMMIT) so the client protocol is the same."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+
+from airflow_broker import Broker
+from bench.ops import OpParams, binary_body
+
+MESSAGE_TYPE = "BenchMessage"
+WAIT_TIMEOUT = 5.0
+
+
+class _BrokerOp:
+    def __init__(self, dsn: str, connections: int = 1) -> None:
+        self.broker = Broker(dsn, min_connections=1, max_connections=connections)
+
+    def close(self) -> None:
+        self.broker.close()
+
+
+class SendOne(_BrokerOp):
+    """SEND one message per transaction on this worker's own open conversation: producers on
+    one conversation would serialise on its conversation-group lock, by design."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn)
+        self.handle = uuid.UUID(params.handles[worker % len(params.handles)])
+        self.body = binary_body(params.body_size)
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx:
+            tx.send(self.handle, MESSAGE_TYPE, self.body)
+        return 1
+
+
+class SendBatch(SendOne):
+    """``batch`` SENDs in one transaction, pipelined so the client does not wait for each."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        self.batch = params.batch
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx, tx.conn.pipeline():
+            for _ in range(self.batch):
+                tx.send(self.handle, MESSAGE_TYPE, self.body)
+        return self.batch
+
+
+class SendRandom(SendOne):
+    """SEND on a conversation picked at random among many, so the endpoint rows are not all
+    hot in the buffer cache (the cost-growth scenario)."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        self.handles = [uuid.UUID(h) for h in params.handles]
+        self.rng = random.Random(params.seed * 1000 + worker)
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx:
+            tx.send(self.rng.choice(self.handles), MESSAGE_TYPE, self.body)
+        return 1
+
+
+class Receive(_BrokerOp):
+    """RECEIVE TOP(batch) and commit."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn)
+        self.queue = params.queue
+        self.top = params.batch
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx:
+            return len(tx.receive(self.queue, top=self.top))
+
+
+class WaitReceiver(_BrokerOp):
+    """WAITFOR (RECEIVE TOP(1)), TIMEOUT 5 s; the timestamp is taken when RECEIVE returns,
+    before the commit, which is not part of the wake-up."""
+
+    def __init__(self, dsn: str, params: OpParams) -> None:
+        # One pooled connection for the transaction; the listener has its own.
+        super().__init__(dsn, connections=2)
+        self.queue = params.queue
+
+    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
+        with self.broker.transaction() as tx:
+            entering(time.perf_counter())
+            import sys, faulthandler, threading
+            from airflow_broker import waitfor
+            if not getattr(waitfor.WakeUps, "_patched", False):
+                orig = waitfor.WakeUps._submit
+                def timed(self, command, *, wait):
+                    t=time.perf_counter(); orig(self, command, wait=wait)
+                    if wait: print("submit", command.kind, round((time.perf_counter()-t)*1000,1), "ms", command.done.is_set(), command.error, file=sys.stderr, flush=True)
+                    if wait and not command.done.is_set(): faulthandler.dump_traceback(all_threads=True)
+                waitfor.WakeUps._submit = timed
+                waitfor.WakeUps._patched = True
+            got = tx.receive(self.queue, top=1, waitfor=True, timeout=WAIT_TIMEOUT)
+            returned = time.perf_counter()
+        return returned, len(got)
+
+
+class CommitSender(_BrokerOp):
+    """SEND and COMMIT; the timestamp is taken when COMMIT has returned."""
+
+    def __init__(self, dsn: str, params: OpParams) -> None:
+        super().__init__(dsn)
+        self.handle = uuid.UUID(params.handles[0])
+        self.body = binary_body(params.body_size)
+
+    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
+        with self.broker.transaction() as tx:
+            tx.send(self.handle, MESSAGE_TYPE, self.body)
+        return time.perf_counter(), 1

@@ -1,0 +1,200 @@
+"""Scenarios a, b, c, d and f: messages per second through SEND and RECEIVE, against pgmq and
+against a bare INSERT."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+from bench import ours_setup, pgmq_peer
+from bench.harness import Env
+from bench.ops import BARE_TABLE, OpParams
+from bench.report import Row, Scenario, Target, median
+from bench.rounds import Contender, Fill, alternate, time_budget
+from bench.workers import Measurement
+
+OUR_TABLES = ("broker.queue_messages", "broker.endpoints", "broker.dialog_groups")
+# Readers spread over this many dialogs, so two readers never wait for one conversation group.
+RECEIVE_DIALOGS = 200
+
+
+def _pgmq_table(queue: str) -> str:
+    return f"pgmq.q_{queue}"
+
+
+def send_one(env: Env, *, bare: bool) -> list[Scenario]:
+    """a: SEND one message per transaction vs pgmq.send; f: the same SEND vs a bare INSERT."""
+    target = env.catalog.targets["send"]
+    # One open dialog per producer, begun once and reused.
+    handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 2))
+    budget = time_budget(env.options.seconds)
+
+    def ours_ready() -> int:
+        with env.transaction() as conn:
+            ours_setup.purge(conn, target)
+        env.settle(OUR_TABLES)
+        return budget
+
+    def pgmq_ready() -> int:
+        pgmq_peer.purge(env.admin, target.queue)
+        env.settle([_pgmq_table(target.queue)])
+        return budget
+
+    def bare_ready() -> int:
+        env.admin.execute(f"DELETE FROM {BARE_TABLE}")
+        env.settle([BARE_TABLE])
+        return budget
+
+    contenders = []
+    for workers in (1, 2):
+        who = f"{workers} producer{'s' if workers > 1 else ''}"
+        contenders += [
+            Contender(f"ours{workers}", f"ours SEND, {who}", "ours.send", workers,
+                      OpParams(target.queue, handles), ours_ready),
+            Contender(f"pgmq{workers}", f"pgmq.send, {who}", "pgmq.send", workers,
+                      OpParams(target.queue), pgmq_ready),
+        ]
+        if bare:
+            contenders.append(
+                Contender(f"bare{workers}", f"bare INSERT, {who}", "bare.insert", workers,
+                          OpParams(""), bare_ready)
+            )
+    rates = alternate(env, "a/f", contenders)
+
+    a = Scenario("a", "SEND, one message per transaction, on an open conversation")
+    f = Scenario("f", "The physical limit: a bare 100-byte INSERT + COMMIT per transaction")
+    for workers in (1, 2):
+        who = f"{workers} producer{'s' if workers > 1 else ''}"
+        a.rows.append(Row(
+            f"SEND 1 msg/tx, {who}", "msg/s", "pgmq.send",
+            median(rates[f"pgmq{workers}"]), median(rates[f"ours{workers}"]),
+            target=Target("ratio_at_least", 1.5, ">= 1.5x pgmq.send"),
+            peer_rounds=rates[f"pgmq{workers}"], ours_rounds=rates[f"ours{workers}"],
+        ))
+        if bare:
+            f.rows.append(Row(
+                f"SEND 1 msg/tx as % of bare INSERT, {who}", "msg/s", "bare INSERT",
+                median(rates[f"bare{workers}"]), median(rates[f"ours{workers}"]),
+                target=Target("ratio_at_least", 0.7, ">= 70% of bare INSERT"),
+                peer_rounds=rates[f"bare{workers}"], ours_rounds=rates[f"ours{workers}"],
+            ))
+    return [a, f] if bare else [a]
+
+
+def send_batch(env: Env) -> Scenario:
+    """b: 100 SENDs in one transaction (pipelined) vs one pgmq.send_batch of 100."""
+    target = env.catalog.targets["send"]
+    handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 1))
+    budget = time_budget(env.options.seconds)
+
+    def ours_ready() -> int:
+        with env.transaction() as conn:
+            ours_setup.purge(conn, target)
+        env.settle(OUR_TABLES)
+        return budget
+
+    def pgmq_ready() -> int:
+        pgmq_peer.purge(env.admin, target.queue)
+        env.settle([_pgmq_table(target.queue)])
+        return budget
+
+    rates = alternate(env, "b", [
+        Contender("ours", "ours 100 x SEND in 1 tx", "ours.send_batch", 1,
+                  OpParams(target.queue, handles, batch=100), ours_ready),
+        Contender("pgmq", "pgmq.send_batch(100)", "pgmq.send_batch", 1,
+                  OpParams(target.queue, batch=100), pgmq_ready),
+    ])
+    return Scenario("b", "SEND, 100 messages per transaction", rows=[Row(
+        "100 SENDs per tx (pipelined)", "msg/s", "pgmq.send_batch(100)",
+        median(rates["pgmq"]), median(rates["ours"]),
+        target=Target("ratio_at_least", 1.0, ">= 1.0x send_batch"),
+        peer_rounds=rates["pgmq"], ours_rounds=rates["ours"],
+    )])
+
+
+def _receive_contenders(
+    env: Env, target_name: str, top: int, fill_per_second: int, cap: int, workers: int,
+    peers: list[tuple[str, str, str]],
+) -> list[Contender]:
+    """Our RECEIVE TOP(top) and each peer op, with queues pre-filled before every measurement."""
+    target = env.catalog.targets[target_name]
+    seconds = env.options.seconds
+    fills: dict[str, Fill] = {}
+
+    def fill_for(key: str) -> Fill:
+        return fills.setdefault(key, Fill(int(fill_per_second * seconds) + 10 * top, cap))
+
+    def ours_ready() -> int:
+        size = fill_for("ours").size
+        with env.transaction() as conn:
+            ours_setup.purge(conn, target)
+            ours_setup.add_dialogs(
+                conn, env.catalog, target, RECEIVE_DIALOGS, math.ceil(size / RECEIVE_DIALOGS)
+            )
+        env.settle(OUR_TABLES)
+        return size
+
+    def pgmq_ready(key: str) -> int:
+        size = fill_for(key).size
+        with env.transaction() as conn:
+            pgmq_peer.purge(conn, target.queue)
+            pgmq_peer.fill(conn, target.queue, size, 100)
+        env.settle([_pgmq_table(target.queue)])
+        return size
+
+    who = f"{workers} reader{'s' if workers > 1 else ''}"
+    contenders = [Contender(
+        f"ours{workers}", f"ours RECEIVE TOP({top}), {who}", "ours.receive", workers,
+        OpParams(target.queue, batch=top), ours_ready, _after(fill_for("ours"), seconds),
+    )]
+    for key, label, op in peers:
+        contenders.append(Contender(
+            f"{key}{workers}", f"{label}, {who}", op, workers, OpParams(target.queue, batch=top),
+            functools.partial(pgmq_ready, key), _after(fill_for(key), seconds),
+        ))
+    return contenders
+
+
+def _after(fill: Fill, seconds: float) -> Callable[[Measurement], None]:
+    def grow(measured: Measurement) -> None:
+        fill.after(measured, seconds)
+
+    return grow
+
+
+def receive_one(env: Env) -> Scenario:
+    """c: RECEIVE TOP(1) + commit vs pgmq read+delete and vs pgmq.pop, 1 and 2 readers."""
+    peers = [("read", "pgmq read+delete", "pgmq.read_delete"), ("pop", "pgmq.pop", "pgmq.pop")]
+    contenders = []
+    for workers in (1, 2):
+        contenders += _receive_contenders(env, "recv1", 1, 3_000, 500_000, workers, peers)
+    rates = alternate(env, "c", contenders)
+    scenario = Scenario("c", "RECEIVE TOP(1) + commit")
+    for workers in (1, 2):
+        who = f"{workers} reader{'s' if workers > 1 else ''}"
+        for key, label, target in (("read", "pgmq read+delete", Target(
+                "ratio_at_least", 2.0, ">= 2.0x read+delete")),
+                ("pop", "pgmq.pop", Target("ratio_at_least", 1.0, ">= 1.0x pop"))):
+            scenario.rows.append(Row(
+                f"RECEIVE TOP(1)+commit, {who}", "msg/s", label,
+                median(rates[f"{key}{workers}"]), median(rates[f"ours{workers}"]),
+                target=target, peer_rounds=rates[f"{key}{workers}"],
+                ours_rounds=rates[f"ours{workers}"],
+            ))
+    return scenario
+
+
+def receive_batch(env: Env) -> Scenario:
+    """d: RECEIVE TOP(100) + commit vs pgmq read 100 + delete of the array of ids."""
+    contenders = _receive_contenders(
+        env, "recv100", 100, 40_000, 2_000_000, 1,
+        [("read", "pgmq read(100)+delete", "pgmq.read_delete")],
+    )
+    rates = alternate(env, "d", contenders)
+    return Scenario("d", "RECEIVE TOP(100) + commit", rows=[Row(
+        "RECEIVE TOP(100)+commit, 1 reader", "msg/s", "pgmq read(100)+delete(ids)",
+        median(rates["read1"]), median(rates["ours1"]),
+        target=Target("ratio_at_least", 1.0, ">= 1.0x"),
+        peer_rounds=rates["read1"], ours_rounds=rates["ours1"],
+    )])
