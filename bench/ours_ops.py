@@ -93,16 +93,6 @@ class WaitReceiver(_BrokerOp):
     def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
         with self.broker.transaction() as tx:
             entering(time.perf_counter())
-            import sys, faulthandler, threading
-            from airflow_broker import waitfor
-            if not getattr(waitfor.WakeUps, "_patched", False):
-                orig = waitfor.WakeUps._submit
-                def timed(self, command, *, wait):
-                    t=time.perf_counter(); orig(self, command, wait=wait)
-                    if wait: print("submit", command.kind, round((time.perf_counter()-t)*1000,1), "ms", command.done.is_set(), command.error, file=sys.stderr, flush=True)
-                    if wait and not command.done.is_set(): faulthandler.dump_traceback(all_threads=True)
-                waitfor.WakeUps._submit = timed
-                waitfor.WakeUps._patched = True
             got = tx.receive(self.queue, top=1, waitfor=True, timeout=WAIT_TIMEOUT)
             returned = time.perf_counter()
         return returned, len(got)
