@@ -57,6 +57,7 @@ class Broker:
         min_connections: int = 1,
         max_connections: int = 10,
         poll_interval: float = 0.5,
+        application_name: str = "airflow-broker",
     ) -> None:
         self.schema = schema or os.environ.get(SCHEMA_ENV) or "broker"
         self.embedded: EmbeddedPostgres | None = None
@@ -72,6 +73,7 @@ class Broker:
             max_size=max_connections,
             open=True,
             name=f"airflow-broker-{self.schema}",
+            kwargs={"application_name": application_name},
         )
         self.wakeups = WakeUps(self.dsn, self.schema)
         self._calls: dict[tuple[str, int, tuple[str, ...]], bytes] = {}

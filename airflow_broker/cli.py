@@ -25,8 +25,38 @@ def _demo(args: argparse.Namespace) -> int:
     from airflow_broker.demo import run_demo
 
     result = run_demo(args.dsn, accounts=args.accounts, trades_per_account=args.trades)
-    ok = result.booked + 1 == result.sent and result.acknowledged == result.booked
-    return 0 if ok and result.booked_in_order and len(result.errors) == 1 else 1
+    ok = (result.booked + 1 == result.sent and result.acknowledged == result.booked
+          and result.booked_in_order and len(result.errors) == 1 and result.endpoints_left == 0)
+    return 0 if ok else 1
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from airflow_broker.worker import BrokerWorker
+
+    with Broker(args.dsn, schema=args.schema, application_name="airflow-broker-worker") as broker:
+        worker = BrokerWorker(broker, batch_size=args.batch_size, interval=args.interval)
+        if args.once:
+            print(worker.run_once())
+        else:
+            worker.run()
+    return 0
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from airflow_broker.cleanup import cleanup_leaked_endpoints
+
+    with Broker(args.dsn, schema=args.schema) as broker:
+        summary = cleanup_leaked_endpoints(broker, batch_size=args.batch_size,
+                                           dry_run=args.dry_run, progress=not args.quiet)
+    print(f"leaked endpoints found: {summary.found}")
+    for (service, far_service), n in summary.by_far_service.items():
+        print(f"  {n:>10}  {service} <- {far_service}")
+    if summary.dry_run:
+        print("dry run: nothing was removed (run without --dry-run to end them WITH CLEANUP)")
+    else:
+        print(f"removed with END CONVERSATION WITH CLEANUP: {summary.removed} "
+              f"in {summary.seconds:.1f} s (each logged in {args.schema or 'broker'}.cleanup_log)")
+    return 0
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -53,6 +83,29 @@ def main(argv: list[str] | None = None) -> int:
     install.add_argument("--schema", help="broker schema (default: AIRFLOW_BROKER_SCHEMA or "
                                           "broker)")
     install.set_defaults(run=_install)
+
+    def connection_options(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--dsn", help="PostgreSQL DSN (default: AIRFLOW_BROKER_DSN, else "
+                                           "the embedded PostgreSQL)")
+        command.add_argument("--schema", help="broker schema (default: AIRFLOW_BROKER_SCHEMA "
+                                              "or broker)")
+
+    worker = commands.add_parser(
+        "worker", help="run the background work: timers, lifetimes, delivery, reclaim")
+    connection_options(worker)
+    worker.add_argument("--once", action="store_true", help="one pass, then exit")
+    worker.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+    worker.add_argument("--batch-size", type=int, default=1000, help="rows per transaction")
+    worker.set_defaults(run=_worker)
+
+    cleanup = commands.add_parser(
+        "cleanup", help="end leaked conversation endpoints WITH CLEANUP, in batches")
+    connection_options(cleanup)
+    cleanup.add_argument("--dry-run", action="store_true", help="report, remove nothing")
+    cleanup.add_argument("--batch-size", type=int, default=1000,
+                         help="endpoints per transaction")
+    cleanup.add_argument("--quiet", action="store_true", help="no progress bar")
+    cleanup.set_defaults(run=_cleanup)
 
     demo = commands.add_parser("demo", help="run the stock-trade demo")
     demo.add_argument("--dsn", help="PostgreSQL DSN (default: the embedded PostgreSQL)")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
-
 import datetime as dt
 import logging
+import uuid
+from collections.abc import Sequence
 
 from airflow_broker.errors import BrokerError
 from airflow_broker.statement import StatementRunner

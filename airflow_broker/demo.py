@@ -3,13 +3,16 @@ PostgreSQL (or AIRFLOW_BROKER_DSN).
 
 The trader side begins one dialog per account, in one conversation group per desk, and sends
 trade entries; two brokerage readers receive them under conversation-group locks, book them in
-a table in the same transaction and acknowledge each trade; the trader side receives the
-acknowledgements. One malformed trade is refused by the brokerage's XML validation, and the
-trader receives the Error.
+a table in the same transaction and acknowledge each trade, and end the conversation after an
+account's final trade (the target ends first); the trader side receives the acknowledgements
+and the EndDialog and ends its side. One malformed trade is refused by the brokerage's XML
+validation, and the trader receives the Error. Finally the broker clock is moved past the
+30 minutes of replay protection and the worker reclaims every closed endpoint.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import threading
 import time
@@ -21,6 +24,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_broker import Broker
+from airflow_broker.worker import BrokerWorker
 
 SCHEMA = "broker_demo"
 TRADE_ENTRY = "//Trading/TradeEntry"
@@ -36,6 +40,9 @@ class DemoResult:
     sent: int = 0
     booked: int = 0
     acknowledged: int = 0
+    ended: int = 0
+    reclaimed: int = 0
+    endpoints_left: int = -1
     errors: list[str] = field(default_factory=list)
     booked_in_order: bool = True
     readers: Counter[str] = field(default_factory=Counter)
@@ -78,7 +85,8 @@ def send_trades(broker: Broker, accounts: int, trades_per_account: int, desks: i
         with broker.transaction() as tx:
             for account, handle in enumerate(handles):
                 trade_id += 1
-                body = (f'<trade id="{trade_id}" account="ACC-{account:03d}">'
+                final = ' final="yes"' if round_number == trades_per_account - 1 else ""
+                body = (f'<trade id="{trade_id}" account="ACC-{account:03d}"{final}>'
                         f"<symbol>{rng.choice(SYMBOLS)}</symbol>"
                         f"<quantity>{rng.randint(1, 500)}</quantity></trade>")
                 tx.send(handle, TRADE_ENTRY, body)
@@ -112,6 +120,9 @@ def brokerage_reader(broker: Broker, name: str, result: DemoResult, lock: thread
                                 int(doc.findtext("quantity") or 0), name])
                 tx.send(trade.conversation_handle, TRADE_ACK,
                         f'<ack trade="{doc.get("id")}" status="booked"/>')
+                if doc.get("final") == "yes":
+                    # The target ends first: the pattern that leaks nothing (spec 15.3).
+                    tx.end_conversation(trade.conversation_handle)
         if not trades:
             return
         with lock:
@@ -123,15 +134,20 @@ def receive_acknowledgements(broker: Broker, result: DemoResult) -> None:
     while True:
         with broker.transaction() as tx:
             replies = tx.receive("TraderQueue", 100, waitfor=True, timeout=1.0)
+            for reply in replies:
+                if reply.is_error:
+                    error = reply.error()
+                    result.errors.append(f"{error.code}: {error.description}")
+                    say(f"  trader: Error {error.code} on a dialog: "
+                        f"{error.description[:80]}...")
+                    tx.end_conversation(reply.conversation_handle)
+                elif reply.is_end_dialog:
+                    tx.end_conversation(reply.conversation_handle)
+                    result.ended += 1
+                else:
+                    result.acknowledged += 1
         if not replies:
             return
-        for reply in replies:
-            if reply.is_error:
-                error = reply.error()
-                result.errors.append(f"{error.code}: {error.description}")
-                say(f"  trader: Error {error.code} on a dialog: {error.description[:90]}...")
-            else:
-                result.acknowledged += 1
 
 
 def run_demo(dsn: str | None = None, *, accounts: int = 40, trades_per_account: int = 25,
@@ -153,7 +169,8 @@ def run_demo(dsn: str | None = None, *, accounts: int = 40, trades_per_account: 
         say("- trader side:")
         send_trades(broker, accounts, trades_per_account, desks, result)
         say("- brokerage side: 2 readers RECEIVE under conversation-group locks, book each "
-            "trade and acknowledge it in the same transaction")
+            "trade and acknowledge it in the same transaction, and end each dialog after its "
+            "final trade")
         lock = threading.Lock()
         readers = [threading.Thread(target=brokerage_reader, args=(broker, f"reader-{i}",
                                                                     result, lock))
@@ -176,6 +193,17 @@ def run_demo(dsn: str | None = None, *, accounts: int = 40, trades_per_account: 
                 "SELECT state_desc, count(*) FROM {}.conversation_endpoints"
                 " GROUP BY state_desc ORDER BY 1").format(sql.Identifier(SCHEMA))).fetchall()
         result.booked_in_order = out_of_order is not None and out_of_order[0] == 0
+        closed = sum(n for state, n in endpoints if state == "CLOSED")
+        say(f"  trader: {result.acknowledged} acknowledgements, {result.ended} dialogs ended by "
+            f"the brokerage and then by the trader; {closed} brokerage endpoints are CLOSED")
+        say("- moving the broker clock 31 minutes on: closed target endpoints are kept 30 "
+            "minutes against replays, then reclaimed")
+        broker.advance_clock(dt.timedelta(minutes=31))
+        result.reclaimed = BrokerWorker(broker).run_once().endpoints_reclaimed
+        with psycopg.connect(broker.dsn) as conn:
+            left = conn.execute(sql.SQL("SELECT count(*) FROM {}.conversation_endpoints")
+                                .format(sql.Identifier(SCHEMA))).fetchone()
+        result.endpoints_left = int(left[0]) if left else -1
         result.seconds = time.monotonic() - started
         say("")
         say("Summary")
@@ -186,8 +214,9 @@ def run_demo(dsn: str | None = None, *, accounts: int = 40, trades_per_account: 
         say(f"  acknowledgements ........ {result.acknowledged}")
         say(f"  errors received ......... {len(result.errors)} "
             "(the malformed trade, refused with -9615)")
-        say(f"  endpoints ............... "
-            f"{', '.join(f'{n} {state}' for state, n in endpoints)}")
+        say(f"  dialogs ended ........... {result.ended} (target first, then initiator)")
+        say(f"  endpoints reclaimed ..... {result.reclaimed}")
+        say(f"  endpoints left .......... {result.endpoints_left}")
         say(f"  time .................... {result.seconds:.1f} s")
         say("")
         if broker.embedded is not None:
@@ -195,7 +224,7 @@ def run_demo(dsn: str | None = None, *, accounts: int = 40, trades_per_account: 
                 "running and prints its URI; then, with psql on that URI:")
         else:
             say("Look around, with psql on the same database:")
-        say(f"  SELECT * FROM {SCHEMA}.conversation_endpoints;")
+        say(f"  SELECT * FROM {SCHEMA}.conversation_endpoints;  -- empty after reclaim")
         say(f"  SELECT * FROM {SCHEMA}.booked_trades ORDER BY account, sequence;")
         say(f"  SELECT * FROM {SCHEMA}.\"TraderQueue\";  -- the queue's own view")
     return result

@@ -18,6 +18,9 @@ def test_demo_books_every_trade_once_in_order(
     assert result.booked_in_order
     assert len(result.errors) == 1 and result.errors[0].startswith("-9615")
     assert set(result.readers) <= {"reader-1", "reader-2"}
+    assert result.ended == 6
+    assert result.reclaimed == 6
+    assert result.endpoints_left == 0
     out = capsys.readouterr().out
     assert "trades booked ........... 30" in out
     assert "errors received ......... 1" in out

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from airflow_broker import DIALOG_TIMER, END_DIALOG, ERROR, Broker, BrokerError
-from airflow_broker.worker import BrokerWorker, wait_until_idle
+from airflow_broker.worker import BrokerWorker
 from tests.conftest import App
 from tests.helpers import count, endpoint, snapshot
 
@@ -30,9 +30,9 @@ def target_of(broker: Broker, initiator: uuid.UUID) -> uuid.UUID:
     return handle
 
 
-def open_dialog(app: App, *bodies: str, **kwargs: object) -> tuple[uuid.UUID, uuid.UUID]:
+def open_dialog(app: App, *bodies: str, lifetime: int | None = None) -> tuple[uuid.UUID, uuid.UUID]:
     """A dialog whose message 0 has reached the target (in a committed transaction)."""
-    handle = app.dialog(**kwargs)
+    handle = app.dialog() if lifetime is None else app.dialog(lifetime=lifetime)
     with app.broker.transaction() as tx:
         for body in bodies or ("request",):
             tx.send(handle, "Req", body)
@@ -280,7 +280,7 @@ def test_T_LT_01_lifetime_expiry(app: App) -> None:
 
 
 def test_T_TM_01_conversation_timer(app: App) -> None:
-    initiator, target = open_dialog(app)
+    initiator, _target = open_dialog(app)
     with app.broker.transaction() as tx:
         due = tx.begin_conversation_timer(initiator, 30)
     assert abs(due - (app.broker.now() + dt.timedelta(seconds=30))) < dt.timedelta(seconds=5)
@@ -321,7 +321,7 @@ def test_T_TM_01_conversation_timer(app: App) -> None:
 
 
 def test_T_TM_01_timer_fires_on_the_local_queue_only(app: App) -> None:
-    initiator, target = open_dialog(app)
+    _initiator, target = open_dialog(app)
     with app.broker.transaction() as tx:
         tx.receive("q_t")
         tx.begin_conversation_timer(target, 5)
@@ -384,17 +384,18 @@ def test_T_MV_01_move_locks_both_groups(app: App) -> None:
 
 
 def test_T_Q_04_disabled_queue_holds_messages_in_order(app: App) -> None:
-    initiator, target = open_dialog(app)
+    initiator, _target = open_dialog(app)
     with app.broker.transaction() as tx:
         assert len(tx.receive("q_t")) == 1
         tx.alter_queue("q_t", status=False)
     with app.broker.transaction() as tx:
         for i in range(3):
             tx.send(initiator, "Req", f"held {i}")
-    for statement in (lambda tx: tx.receive("q_t"), lambda tx: tx.get_conversation_group("q_t")):
-        with pytest.raises(BrokerError) as exc, app.broker.transaction() as tx:
-            statement(tx)
-        assert exc.value.number == 9617
+    with pytest.raises(BrokerError) as by_receive, app.broker.transaction() as tx:
+        tx.receive("q_t")
+    with pytest.raises(BrokerError) as by_group, app.broker.transaction() as tx:
+        tx.get_conversation_group("q_t")
+    assert by_receive.value.number == by_group.value.number == 9617
     with psycopg.connect(app.broker.dsn) as conn:
         held = conn.execute("SELECT message_sequence_number, transmission_status"
                             " FROM broker.transmission_queue").fetchall()
@@ -415,7 +416,7 @@ def test_T_Q_04_disabled_queue_holds_messages_in_order(app: App) -> None:
 
 
 def test_T_Q_04_end_waits_behind_held_messages(app: App) -> None:
-    initiator, target = open_dialog(app)
+    initiator, _target = open_dialog(app)
     with app.broker.transaction() as tx:
         tx.alter_queue("q_t", status=False)
         tx.send(initiator, "Req", "held")
@@ -431,9 +432,9 @@ def test_T_Q_04_end_waits_behind_held_messages(app: App) -> None:
 def test_T_Q_05_retention(app: App) -> None:
     with app.broker.transaction() as tx:
         tx.alter_queue("q_t", retention=True)
-    initiator, target = open_dialog(app, "kept")
+    _initiator, target = open_dialog(app, "kept")
     with app.broker.transaction() as tx:
-        (message,) = tx.receive("q_t")
+        (_message,) = tx.receive("q_t")
         tx.send(target, "Resp", "reply")
     with app.broker.transaction() as tx:
         assert tx.receive("q_t") == []  # never twice, never the sent copy
@@ -455,7 +456,7 @@ def test_T_Q_05_retention(app: App) -> None:
 def test_T_RC_09_queue_status_column(app: App) -> None:
     with app.broker.transaction() as tx:
         tx.alter_queue("q_i", retention=True)
-    initiator, _ = open_dialog(app, "one", "two")
+    _initiator, _ = open_dialog(app, "one", "two")
     with app.broker.transaction() as tx:
         tx.receive("q_t", 1)
     with psycopg.connect(app.broker.dsn) as conn:

@@ -4,9 +4,13 @@
 
 -- The one clock every time-based rule reads (UTC, as SQL Server's catalog views). Tests and the
 -- CLI move it by changing clock.offset_by.
+-- PL/pgSQL rather than SQL: PostgreSQL 16 plans a non-inlined SQL function on every call,
+-- and this one is called several times by every statement.
 CREATE OR REPLACE FUNCTION utc_now() RETURNS timestamp
-LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
-    SELECT (clock_timestamp() AT TIME ZONE 'UTC') + offset_by FROM clock
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN (clock_timestamp() AT TIME ZONE 'UTC') + (SELECT offset_by FROM clock);
+END
 $$;
 
 CREATE OR REPLACE FUNCTION advance_clock(p_by interval) RETURNS timestamp

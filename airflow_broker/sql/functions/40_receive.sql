@@ -24,14 +24,19 @@ $$;
 -- Locks the next group of the queue that has ready messages and is not locked by another
 -- transaction; the oldest ready message of the highest priority decides. NULL when none.
 CREATE OR REPLACE FUNCTION lock_next_group(p_queue_id integer) RETURNS uuid
-LANGUAGE sql SET search_path FROM CURRENT AS $$
-    SELECT g.conversation_group_id
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_group uuid;
+BEGIN
+    SELECT g.conversation_group_id INTO v_group
       FROM queue_messages m
       JOIN dialog_groups g ON g.conversation_group_id = m.conversation_group_id
      WHERE m.queue_id = p_queue_id AND m.status = 1
      ORDER BY m.priority DESC, m.queuing_order
      LIMIT 1
-       FOR NO KEY UPDATE OF g SKIP LOCKED
+       FOR NO KEY UPDATE OF g SKIP LOCKED;
+    RETURN v_group;
+END
 $$;
 
 -- Takes up to p_limit ready messages of one locked group (and one conversation when given):

@@ -122,14 +122,18 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION end_conversation(p_handle uuid) RETURNS text
-LANGUAGE sql SET search_path FROM CURRENT AS $$
-    SELECT end_conversation(p_handle, false, NULL::integer, NULL::text)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN end_conversation(p_handle, false, NULL::integer, NULL::text);
+END
 $$;
 
 CREATE OR REPLACE FUNCTION end_conversation_with_error(p_handle uuid, p_error_code integer,
                                                        p_error_description text)
-RETURNS text LANGUAGE sql SET search_path FROM CURRENT AS $$
-    SELECT end_conversation(p_handle, true, p_error_code, p_error_description)
+RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN end_conversation(p_handle, true, p_error_code, p_error_description);
+END
 $$;
 
 -- WITH CLEANUP: the endpoint and everything it holds go; the peer is never told.

@@ -19,3 +19,24 @@ CREATE OR REPLACE VIEW endpoint_states AS
 SELECT s.name AS service_name, e.state, count(*) AS endpoints
   FROM endpoints e JOIN service_defs s USING (service_id)
  GROUP BY s.name, e.state;
+
+-- The leak article's cleanup loop as one batch: END CONVERSATION WITH CLEANUP on up to
+-- p_limit leaked endpoints (each logged in cleanup_log). Returns how many went.
+CREATE OR REPLACE FUNCTION cleanup_leaked_endpoints(p_limit integer DEFAULT 1000)
+RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_handle uuid;
+    v_count integer := 0;
+BEGIN
+    FOR v_handle IN
+        SELECT e.conversation_handle FROM endpoints e
+         WHERE e.conversation_handle IN (SELECT conversation_handle FROM leaked_endpoints)
+         LIMIT p_limit
+           FOR NO KEY UPDATE SKIP LOCKED
+    LOOP
+        PERFORM end_conversation_with_cleanup(v_handle);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
