@@ -20,8 +20,10 @@ def test_readme_example_runs(dsn: str) -> None:
     code = example.replace("with Broker() as broker:", "with Broker(dsn) as broker:")
     exec(compile(code, "README.md", "exec"), {"dsn": dsn})
     with Broker(dsn) as broker, broker.transaction() as tx:
-        (ack,) = tx.receive("TraderQueue")
-    assert ack.text() == '<ack trade="1"/>'
+        assert tx.receive("TraderQueue") == []  # acknowledged, and both sides have ended
+    with psycopg.connect(dsn) as conn:
+        states = conn.execute("SELECT is_initiator, state FROM broker.conversation_endpoints")
+        assert states.fetchall() == [(False, "CD")]  # the target waits for reclaim
 
 
 def test_every_error_number_is_documented(dsn: str) -> None:
