@@ -64,5 +64,18 @@ class EmbeddedPostgres:
 
         return Path(POSTGRES_BIN_PATH)
 
+    def restart(self) -> None:
+        """Restarts the server (fast shutdown: open transactions roll back); clients must
+        reconnect, as after any PostgreSQL restart."""
+        from pgserver import _commands
+
+        # pgserver generates one function per PostgreSQL program at import time.
+        _commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "fast", "restart"],
+            pgdata=self.data_dir,
+            user=self._server.system_user,
+            timeout=60,
+        )
+
     def stop(self) -> None:
         self._server.cleanup()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -25,16 +25,46 @@ TEMPLATE = "airflow_broker_test_template"
 
 
 @pytest.fixture(scope="session")
-def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    configured = os.environ.get("AIRFLOW_BROKER_TEST_DSN")
-    if configured:
-        yield configured
+def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres | None]:
+    if os.environ.get("AIRFLOW_BROKER_TEST_DSN"):
+        yield None
         return
     server = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
     try:
-        yield server.uri("postgres")
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def server_dsn(embedded_server: EmbeddedPostgres | None) -> str:
+    if embedded_server is None:
+        return os.environ["AIRFLOW_BROKER_TEST_DSN"]
+    return embedded_server.uri("postgres")
+
+
+@pytest.fixture
+def restart_postgres(embedded_server: EmbeddedPostgres | None, dsn: str) -> Callable[[], None]:
+    """Restarts the embedded PostgreSQL; on a server given by AIRFLOW_BROKER_TEST_DSN, which
+    tests may not restart, every other session of the test database is terminated instead,
+    which is what a restart looks like to a client."""
+
+    def started() -> object:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+        return row[0] if row else None
+
+    def restart() -> None:
+        if embedded_server is not None:
+            before = started()
+            embedded_server.restart()
+            assert started() != before, "PostgreSQL did not restart"
+            return
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                         " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+    return restart
 
 
 def _admin(server_dsn: str) -> psycopg.Connection[tuple[object, ...]]:

@@ -8,7 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -184,3 +187,49 @@ def test_worker_once_delivers_held_messages_when_the_service_appears(app: App) -
     assert worker.run_once().messages_delivered == 1
     with app.broker.transaction() as tx:
         assert [m.text() for m in tx.receive("q_later")] == ["waits for the service"]
+
+
+def test_two_workers_at_once_fire_each_timer_once(app: App) -> None:
+    timers = 2_000
+    execute(app.broker, f"""DO $$ DECLARE h uuid; BEGIN FOR i IN 1..{timers} LOOP
+        h := broker.begin_dialog('I', 'T', 'C');
+        PERFORM broker.begin_conversation_timer(h, 5); END LOOP; END $$""")
+    app.broker.advance_clock(dt.timedelta(seconds=6))
+    with Broker(app.broker.dsn) as other:
+        workers = [BrokerWorker(app.broker, batch_size=50), BrokerWorker(other, batch_size=50)]
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda w: w.run_once(), workers))
+    assert sum(r.timers_fired for r in results) == timers
+    assert all(r.timers_fired > 0 for r in results)  # both took part
+    assert count(app.broker, "SELECT count(*) FROM broker.queue_messages"
+                             " WHERE message_type_id = 5") == timers
+
+
+def test_worker_survives_a_postgres_restart(
+    app: App, restart_postgres: Callable[[], None]
+) -> None:
+    worker = BrokerWorker(app.broker, interval=0.1)
+    thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    thread.start()
+    try:
+        handle = app.dialog()
+        restart_postgres()
+        deadline = time.monotonic() + 60
+        while True:  # the application reconnects too
+            try:
+                with app.broker.transaction() as tx:
+                    tx.begin_conversation_timer(handle, 1)
+                break
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        app.broker.advance_clock(dt.timedelta(seconds=2))
+        fired = "SELECT count(*) FROM broker.queue_messages WHERE message_type_id = 5"
+        while count(app.broker, fired) == 0:
+            assert time.monotonic() < deadline, "the worker did not come back"
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert count(app.broker, fired) == 1
