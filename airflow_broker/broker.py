@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import uuid
 import os
 import threading
+from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -35,6 +37,14 @@ def resolve_dsn(dsn: str | None = None) -> str | None:
     return dsn or os.environ.get(DSN_ENV) or None
 
 
+@dataclass
+class BrokerStats:
+    """What this process did through this Broker (activated readers report it)."""
+
+    received: int = 0
+    rollbacks: int = 0
+
+
 class Broker:
     """A Service Broker on PostgreSQL.
 
@@ -58,6 +68,7 @@ class Broker:
         max_connections: int = 10,
         poll_interval: float = 0.5,
         application_name: str = "airflow-broker",
+        role: str | None = None,
     ) -> None:
         self.schema = schema or os.environ.get(SCHEMA_ENV) or "broker"
         self.embedded: EmbeddedPostgres | None = None
@@ -66,7 +77,10 @@ class Broker:
             self.embedded = EmbeddedPostgres(None if data_dir is None else os.fspath(data_dir))
             resolved = self.embedded.ensure_database()
         self.dsn = resolved
+        self.role = role
+        self.application_name = application_name
         self.poll_interval = poll_interval
+        self.stats = BrokerStats()
         self.pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
             self.dsn,
             min_size=min_connections,
@@ -74,12 +88,27 @@ class Broker:
             open=True,
             name=f"airflow-broker-{self.schema}",
             kwargs={"application_name": application_name},
+            configure=self._configure if role else None,
         )
         self.wakeups = WakeUps(self.dsn, self.schema)
         self._calls: dict[tuple[str, int, tuple[str, ...]], bytes] = {}
         self._message_types: dict[str, MessageTypeInfo | None] = {}
         self._queue_ids: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._side: psycopg.Connection[TupleRow] | None = None
+        self._side_lock = threading.Lock()
+        schema_id = sql.Identifier(self.schema)
+        self.receive_query = sql.SQL(
+            "SELECT r.*, pg_current_xact_id_if_assigned()::text, q.object_id,"
+            " q.is_poison_message_handling_enabled"
+            " FROM {schema}.receive(%s::text, %s::bigint, %s::uuid, %s::uuid) r,"
+            " {schema}.find_queue(%s::text) q"
+        ).format(schema=schema_id).as_bytes(None)
+
+    def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
+        # EXECUTE AS: every statement of this Broker runs as the role.
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role or "")))
+        conn.commit()
 
     def install(self, *, up_to: str | None = None) -> migrations.InstallReport:
         """Creates or upgrades the broker schema (idempotent)."""
@@ -91,8 +120,51 @@ class Broker:
     def transaction(self) -> Iterator[Transaction]:
         """A pooled connection in a transaction that commits when the block ends normally and
         rolls back when it raises."""
-        with self.pool.connection() as conn, conn.transaction():
-            yield Transaction(conn, self)
+        with self.pool.connection() as conn:
+            tx = Transaction(conn, self)
+            try:
+                with conn.transaction():
+                    yield tx
+            except BaseException:
+                if tx.received_queues:
+                    # A rolled-back receive counts towards poison detection at once.
+                    self.stats.rollbacks += 1
+                    self.resolve_receives(tx.received_queues)
+                raise
+
+    def _side_connection(self) -> psycopg.Connection[TupleRow]:
+        if self._side is None or self._side.closed or self._side.broken:
+            self._side = psycopg.connect(
+                self.dsn, autocommit=True, application_name=f"{self.application_name}-side")
+            # Losing a registration in a server crash only loses a count; no fsync wait.
+            self._side.execute("SET synchronous_commit = off")
+            if self.role:
+                self._side.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
+        return self._side
+
+    def _on_side(self, query: sql.Composed, params: Sequence[object]) -> None:
+        with self._side_lock:
+            for attempt in (1, 2):
+                try:
+                    self._side_connection().execute(query, params)
+                    return
+                except psycopg.OperationalError as exc:
+                    self._side = None
+                    if attempt == 2:
+                        log.error("poison detection could not record a receive: %s", exc)
+
+    def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],
+                         backend_pid: int) -> None:
+        self._on_side(
+            sql.SQL("SELECT {}.register_receive(%s, %s::xid8, %s::uuid[], %s)").format(
+                sql.Identifier(self.schema)),
+            [queue_id, xid, message_ids, backend_pid])
+
+    def resolve_receives(self, queue_ids: set[int]) -> None:
+        for queue_id in sorted(queue_ids):
+            self._on_side(
+                sql.SQL("SELECT {}.resolve_receives(%s)").format(sql.Identifier(self.schema)),
+                [queue_id])
 
     def session(self, conn: psycopg.Connection[TupleRow]) -> Transaction:
         """Broker statements on a connection you manage (your transaction, your commit)."""
@@ -101,6 +173,8 @@ class Broker:
     def close(self) -> None:
         self.wakeups.close()
         self.pool.close()
+        if self._side is not None:
+            self._side.close()
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None

@@ -3,6 +3,7 @@ contracts, queues and services (spec 2-5)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 
 from lxml import etree
@@ -109,6 +110,20 @@ class CatalogStatements(StatementRunner):
             max_queue_readers, execute_as, poison_message_handling, drop_activation,
         ])
 
+    def tune_queue(
+        self,
+        name: str,
+        *,
+        activation_ramp_interval: dt.timedelta | None = None,
+        activation_min_readers: int | None = None,
+        poison_threshold: int | None = None,
+    ) -> None:
+        """Settings beyond SQL Server: the activation ramp-up interval (SQL Server: 5 s), a
+        floor of activated readers while messages wait (SQL Server: 0), and how many
+        consecutive rolled-back receiving transactions disable the queue (SQL Server: 5)."""
+        q = self.function("tune_queue", 4, ["text", "interval", "integer", "integer"])
+        self.run(q, [name, activation_ramp_interval, activation_min_readers, poison_threshold])
+
     def drop_queue(self, name: str) -> None:
         self.run(self.function("drop_queue", 1, ["text"]), [name])
 
@@ -131,3 +146,25 @@ class CatalogStatements(StatementRunner):
 
     def drop_service(self, name: str) -> None:
         self.run(self.function("drop_service", 1, ["text"]), [name])
+
+    def create_event_notification(
+        self,
+        name: str,
+        queue_name: str,
+        events: Sequence[str],
+        service_name: str,
+        broker_instance: str = "current database",
+    ) -> int:
+        """CREATE EVENT NOTIFICATION name ON QUEUE queue FOR events TO SERVICE service.
+
+        ``events``: QUEUE_ACTIVATION and/or BROKER_QUEUE_DISABLED. The service must accept the
+        contract http://schemas.microsoft.com/SQL/Notifications/PostEventNotification."""
+        q = self.function("create_event_notification", 5,
+                          ["text", "text", "text[]", "text", "text"])
+        result: int = self.scalar(q, [name, queue_name, list(events), service_name,
+                                      broker_instance])
+        return result
+
+    def drop_event_notification(self, name: str, queue_name: str) -> None:
+        self.run(self.function("drop_event_notification", 2, ["text", "text"]),
+                 [name, queue_name])

@@ -60,6 +60,8 @@ class Message:
     validation: str
     message_body: bytes | None
     message_id: uuid.UUID
+    # How often this message came back after a receiving transaction rolled back.
+    attempts: int = 0
 
     @property
     def is_end_dialog(self) -> bool:

@@ -33,12 +33,16 @@ class ReceiveStatements(StatementRunner):
         ``timeout`` seconds (None: no limit) have passed, and then returns an empty list; it
         holds no lock while it waits.
         """
-        q = self.function("receive", 4, ["text", "bigint", "uuid", "uuid"])
-        params = [queue_name, top, conversation_handle, conversation_group_id]
+        q = self.broker.receive_query
+        params = [queue_name, top, conversation_handle, conversation_group_id, queue_name]
 
         def once() -> list[Message]:
-            messages = [Message(*row) for row in self.run(q, params)]
-            self.locked_groups({m.conversation_group_id for m in messages})
+            rows = self.run(q, params)
+            messages = [Message(*row[:16]) for row in rows]
+            if messages:
+                self.locked_groups({m.conversation_group_id for m in messages})
+                xid, queue_id, poison_handling = rows[0][16:19]
+                self.received_from(queue_id, xid, messages, poison_handling)
             return messages
 
         return self._waitfor(queue_name, once, bool, waitfor, timeout, [])

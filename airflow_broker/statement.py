@@ -15,6 +15,7 @@ from airflow_broker.errors import translate
 
 if TYPE_CHECKING:
     from airflow_broker.broker import Broker
+    from airflow_broker.messages import Message
 
 
 class StatementRunner:
@@ -26,11 +27,24 @@ class StatementRunner:
         self.schema = broker.schema
         # Groups locked inside each open savepoint(), innermost last.
         self._savepoint_groups: list[set[uuid.UUID]] = []
+        # Queues this transaction received from (resolved for poison detection on rollback).
+        self.received_queues: set[int] = set()
 
     def locked_groups(self, groups: set[uuid.UUID]) -> None:
         """Remembers groups a statement locked, so a savepoint rollback can keep them."""
         if self._savepoint_groups:
             self._savepoint_groups[-1].update(groups)
+
+    def received_from(
+        self, queue_id: int, xid: str, messages: list[Message], poison_handling: bool
+    ) -> None:
+        """Registers a receiving transaction for poison-message detection, on the Broker's own
+        connection so that the record survives this transaction's rollback."""
+        self.received_queues.add(queue_id)
+        self.broker.stats.received += len(messages)
+        if poison_handling:
+            self.broker.register_receive(queue_id, xid, [m.message_id for m in messages],
+                                         self.conn.info.backend_pid)
 
     def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
         """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the

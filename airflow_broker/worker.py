@@ -1,7 +1,9 @@
 """The broker worker: the background work SQL Server does inside its engine.
 
 Each pass fires due conversation timers, expires lifetimes, delivers what waits in the
-transmission queue and reclaims closed endpoints, each step in short transactions of its own
+transmission queue, reclaims closed endpoints, resolves receiving transactions for
+poison-message detection, handles replies on event notification dialogs, and runs the queue
+monitors that start activated readers, each step in short transactions of its own
 (``run_once``). Several workers may run at once: every step takes its rows with SKIP LOCKED and
 is atomic, so a worker killed half-way leaves nothing half done. ``run`` repeats passes until
 SIGTERM or SIGINT, and reconnects when PostgreSQL restarts.
@@ -19,11 +21,14 @@ from types import FrameType
 import psycopg
 from psycopg import sql
 
+from airflow_broker.activation import ActivationManager
 from airflow_broker.broker import Broker
 
 log = logging.getLogger(__name__)
 
-STEPS = ("fire_timers", "expire_lifetimes", "retry_transmissions", "reclaim_endpoints")
+# Steps that take a batch size and return how many rows they handled.
+STEPS = ("fire_timers", "expire_lifetimes", "retry_transmissions", "reclaim_endpoints",
+         "process_notification_replies")
 
 
 @dataclass
@@ -32,6 +37,9 @@ class PassResult:
     lifetimes_expired: int = 0
     messages_delivered: int = 0
     endpoints_reclaimed: int = 0
+    notification_replies: int = 0
+    queues_disabled: int = 0
+    readers_started: int = 0
 
     def __add__(self, other: PassResult) -> PassResult:
         return PassResult(*(getattr(self, f.name) + getattr(other, f.name)
@@ -43,10 +51,12 @@ class PassResult:
 
 
 class BrokerWorker:
-    def __init__(self, broker: Broker, *, batch_size: int = 1000, interval: float = 1.0) -> None:
+    def __init__(self, broker: Broker, *, batch_size: int = 1000, interval: float = 1.0,
+                 activation: bool = True) -> None:
         self.broker = broker
         self.batch_size = batch_size
         self.interval = interval
+        self.activation = ActivationManager(broker) if activation else None
         self._stop = threading.Event()
         self._calls = {
             step: sql.SQL("SELECT {}.{}(%s)").format(sql.Identifier(broker.schema),
@@ -66,9 +76,18 @@ class BrokerWorker:
                 break
         return done
 
+    def _resolve_receives(self) -> int:
+        with self.broker.pool.connection() as conn, conn.transaction():
+            row = conn.execute(sql.SQL("SELECT {}.resolve_receives()").format(
+                sql.Identifier(self.broker.schema))).fetchone()
+        return int(row[0]) if row else 0
+
     def run_once(self) -> PassResult:
         """One pass of every step; returns what it did."""
-        return PassResult(*(self._step(step) for step in STEPS))
+        done = [self._step(step) for step in STEPS]
+        disabled = self._resolve_receives()
+        started = self.activation.step() if self.activation is not None else 0
+        return PassResult(*done, disabled, started)
 
     def stop(self) -> None:
         self._stop.set()
@@ -101,6 +120,9 @@ class BrokerWorker:
             if result.total:
                 log.info("broker worker: %s", result)
             self._stop.wait(self.interval)
+        if self.activation is not None:
+            self.activation.stop()
+            self.activation.close()
         log.info("broker worker stopped: %s", total)
         return total
 

@@ -60,6 +60,8 @@ INSERT INTO error_messages (error_number, text) VALUES
     (9610, 'The service ''%s'' in the FROM SERVICE clause must match the service ''%s'' referenced by %s = ''%s''.'),
     (9617, 'The service queue "%s" is currently disabled.'),
     (9618, 'The message cannot be sent because the service queue ''%s'' associated with the dialog is currently disabled and retention is on.'),
+    (9717, 'Cannot enable activation on queue ''%s'': a QUEUE_ACTIVATION event notification exists on it. Internal activation and event-based activation exclude each other.'),
+    (9718, 'Cannot create a QUEUE_ACTIVATION event notification on queue ''%s'': it has internal activation configured.'),
     (15151, 'Cannot find the %s ''%s'', because it does not exist or you do not have permission.'),
     (15247, 'User does not have permission to perform this action: ''%s'' is a system %s.'),
     (50101, 'The queue ''%s'' cannot be the target of an INSERT, UPDATE, DELETE or TRUNCATE statement; change it with SEND, RECEIVE and END CONVERSATION.'),
@@ -70,6 +72,7 @@ INSERT INTO error_messages (error_number, text) VALUES
     (50106, 'Incorrect value %s for %s; expected %s.'),
     (50107, 'The XML schema is not valid: %s'),
     (50109, 'The error code %s is not valid: END CONVERSATION WITH ERROR needs a code greater than 0 (negative codes belong to the broker).'),
+    (50110, 'The event type ''%s'' is not valid for an event notification ON QUEUE; use QUEUE_ACTIVATION or BROKER_QUEUE_DISABLED.'),
     (50108, 'The message type ''%s'' requires well-formed XML and this body cannot be parsed by this PostgreSQL server (built without XML support, or a UTF-16 body); send this message type through the airflow_broker Python API, which checks the body itself.')
 ON CONFLICT (error_number) DO UPDATE SET text = EXCLUDED.text;
 

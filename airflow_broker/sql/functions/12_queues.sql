@@ -63,6 +63,22 @@ BEGIN
 END
 $$;
 
+-- The two sequences RECEIVE counts on for the queue monitor (see queue_monitor_state).
+CREATE OR REPLACE FUNCTION create_queue_counters(p_queue_id integer)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    EXECUTE format('CREATE SEQUENCE %I.%I', current_schema(), 'queue_' || p_queue_id || '_receives');
+    EXECUTE format('CREATE SEQUENCE %I.%I', current_schema(),
+                   'queue_' || p_queue_id || '_empty_receives');
+    UPDATE queues
+       SET receive_counter = format('%I.%I', current_schema(),
+                                    'queue_' || p_queue_id || '_receives')::regclass,
+           empty_receive_counter = format('%I.%I', current_schema(),
+                                          'queue_' || p_queue_id || '_empty_receives')::regclass
+     WHERE object_id = p_queue_id;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION check_activation(p_status boolean, p_max_readers integer)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
@@ -120,6 +136,7 @@ BEGIN
             CASE WHEN p_status THEN NULL ELSE utc_now() END, utc_now())
     RETURNING object_id INTO v_id;
     PERFORM create_queue_view(v_id);
+    PERFORM create_queue_counters(v_id);
     RETURN v_id;
 END
 $$;
@@ -145,6 +162,17 @@ BEGIN
     PERFORM check_activation(coalesce(p_activation_status, q.is_activation_enabled)
                                  AND NOT coalesce(p_drop_activation, false),
                              coalesce(p_max_queue_readers, q.max_readers));
+    IF coalesce(p_activation_status, false) AND NOT coalesce(p_drop_activation, false)
+       AND EXISTS (SELECT 1 FROM event_subscriptions n
+                    WHERE n.queue_id = q.object_id
+                      AND 'QUEUE_ACTIVATION' = ANY (n.event_types)) THEN
+        PERFORM raise_error(9717, q.name);
+    END IF;
+    IF p_activation_status AND NOT q.is_activation_enabled THEN
+        -- Turning activation back on recycles the monitor, the documented way out of a
+        -- monitor stuck in NOTIFIED (spec 20.4).
+        DELETE FROM queue_monitor_state WHERE queue_id = q.object_id;
+    END IF;
     UPDATE queues SET
         is_receive_enabled = coalesce(p_status, is_receive_enabled),
         is_enqueue_enabled = coalesce(p_status, is_enqueue_enabled),
@@ -191,5 +219,38 @@ BEGIN
     EXECUTE format('DROP VIEW IF EXISTS %I.%I', q.schema_name, q.name);
     DELETE FROM queue_messages WHERE queue_id = q.object_id;
     DELETE FROM queues WHERE object_id = q.object_id;
+    EXECUTE format('DROP SEQUENCE IF EXISTS %s, %s', q.receive_counter, q.empty_receive_counter);
+END
+$$;
+
+-- Settings beyond SQL Server: the activation ramp-up interval (SQL Server: 5 seconds), a floor of
+-- activated readers while messages wait, and the number of consecutive rolled-back receiving
+-- transactions that disables the queue (SQL Server: 5). NULL keeps a setting.
+CREATE OR REPLACE FUNCTION tune_queue(p_name text, p_ramp_interval interval DEFAULT NULL,
+                                      p_min_readers integer DEFAULT NULL,
+                                      p_poison_threshold integer DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := find_queue(p_name);
+BEGIN
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(15151, 'queue', p_name);
+    END IF;
+    IF p_ramp_interval < interval '0' THEN
+        PERFORM raise_error(50106, p_ramp_interval::text, 'the activation ramp-up interval',
+                            'an interval of 0 or more');
+    END IF;
+    IF p_min_readers < 0 OR p_min_readers > 32767 THEN
+        PERFORM raise_error(50106, p_min_readers::text, 'the minimum of activated readers',
+                            '0 to 32767');
+    END IF;
+    IF p_poison_threshold < 1 THEN
+        PERFORM raise_error(50106, p_poison_threshold::text, 'the poison threshold',
+                            'a number of rollbacks of 1 or more');
+    END IF;
+    UPDATE queues SET activation_ramp_interval = coalesce(p_ramp_interval, activation_ramp_interval),
+                      activation_min_readers = coalesce(p_min_readers, activation_min_readers),
+                      poison_threshold = coalesce(p_poison_threshold, poison_threshold)
+     WHERE object_id = q.object_id;
 END
 $$;

@@ -41,6 +41,7 @@ $$;
 
 -- Takes up to p_limit ready messages of one locked group (and one conversation when given):
 -- conversations one after another, each with DialogTimer first, then Error, then in sequence.
+-- attempts is how often the message came back after a rolled-back RECEIVE.
 CREATE OR REPLACE FUNCTION take_messages(p_queue queues, p_group uuid, p_handle uuid,
                                          p_limit bigint)
 RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -61,11 +62,12 @@ BEGIN
                t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
                c.name, t.service_contract_id, mt.name, t.message_type_id,
                CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END,
-               t.message_body, t.message_id
+               t.message_body, t.message_id, coalesce(a.attempts, 0)
           FROM taken t
           JOIN service_defs s ON s.service_id = t.service_id
           JOIN contracts c ON c.service_contract_id = t.service_contract_id
           JOIN message_types mt ON mt.message_type_id = t.message_type_id
+          LEFT JOIN message_attempts a ON a.message_id = t.message_id
          ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
     ELSE
         RETURN QUERY
@@ -83,11 +85,12 @@ BEGIN
                t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
                c.name, t.service_contract_id, mt.name, t.message_type_id,
                CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END,
-               t.message_body, t.message_id
+               t.message_body, t.message_id, coalesce(a.attempts, 0)
           FROM taken t
           JOIN service_defs s ON s.service_id = t.service_id
           JOIN contracts c ON c.service_contract_id = t.service_contract_id
           JOIN message_types mt ON mt.message_type_id = t.message_type_id
+          LEFT JOIN message_attempts a ON a.message_id = t.message_id
          ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
     END IF;
 END
@@ -122,6 +125,7 @@ BEGIN
         END IF;
         PERFORM 1 FROM dialog_groups WHERE conversation_group_id = v_group
            FOR NO KEY UPDATE;
+        PERFORM nextval(q.receive_counter);
         RETURN QUERY SELECT * FROM take_messages(q, v_group, p_conversation_handle, v_limit);
         RETURN;
     END IF;
@@ -135,23 +139,26 @@ BEGIN
         IF v_group IS NULL THEN
             PERFORM raise_error(8436, p_conversation_group_id::text);
         END IF;
+        PERFORM nextval(q.receive_counter);
         RETURN QUERY SELECT * FROM take_messages(q, v_group, NULL, v_limit);
         RETURN;
     END IF;
 
+    -- The queue monitor learns from these two counters that RECEIVEs happen, and when they
+    -- come back empty (sequences are not transactional, so no reader waits for another).
+    PERFORM nextval(q.receive_counter);
     -- A group chosen from an older snapshot may have been emptied by the reader that held it
     -- just before; then the next group is tried.
     FOR attempt IN 1 .. 16 LOOP
         v_group := lock_next_group(q.object_id);
-        IF v_group IS NULL THEN
-            RETURN;
-        END IF;
+        EXIT WHEN v_group IS NULL;
         RETURN QUERY SELECT * FROM take_messages(q, v_group, NULL, v_limit);
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows > 0 OR v_limit = 0 THEN
             RETURN;
         END IF;
     END LOOP;
+    PERFORM nextval(q.empty_receive_counter);
 END
 $$;
 
@@ -159,7 +166,13 @@ CREATE OR REPLACE FUNCTION get_conversation_group(p_queue text) RETURNS uuid
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     q queues := receivable_queue(p_queue);
+    v_group uuid;
 BEGIN
-    RETURN lock_next_group(q.object_id);
+    PERFORM nextval(q.receive_counter);
+    v_group := lock_next_group(q.object_id);
+    IF v_group IS NULL THEN
+        PERFORM nextval(q.empty_receive_counter);
+    END IF;
+    RETURN v_group;
 END
 $$;

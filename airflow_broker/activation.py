@@ -1,0 +1,219 @@
+"""Internal activation: starting queue readers as separate processes.
+
+A queue's activation target (its PROCEDURE_NAME) is either a Python callable given by import
+path, ``package.module:function``, called with an ``ActivationContext``, or a command line,
+started with the queue, DSN, schema and role in its environment (AIRFLOW_BROKER_QUEUE,
+AIRFLOW_BROKER_DSN, AIRFLOW_BROKER_SCHEMA, AIRFLOW_BROKER_ROLE, AIRFLOW_BROKER_TASK_ID). Like
+an activated stored procedure, a reader RECEIVEs until the queue stays empty for a while, then
+returns; the queue monitor starts readers again while messages remain.
+
+EXECUTE AS a role name runs the reader's statements under SET ROLE; SELF and OWNER run as the
+broker's own login. Every reader's start, end, outcome, messages and error go to
+``activation_log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from airflow_broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass
+class ActivationContext:
+    """What an activated Python reader is called with."""
+
+    broker: Broker
+    queue_name: str
+    task_id: uuid.UUID
+
+
+def is_python_target(target: str) -> bool:
+    return bool(_IMPORT_PATH.match(target))
+
+
+def load_target(target: str) -> Callable[[ActivationContext], object]:
+    module_name, _, attribute = target.partition(":")
+    obj: object = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"activation target {target!r} is not callable")
+    return obj  # type: ignore[return-value]
+
+
+def role_for(execute_as: str | None) -> str | None:
+    """The role to SET for EXECUTE AS (SELF and OWNER: the broker's own login)."""
+    if execute_as is None or execute_as.upper() in ("SELF", "OWNER", "CALLER"):
+        return None
+    return execute_as
+
+
+@dataclass
+class _Reader:
+    task_id: uuid.UUID
+    queue_id: int
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class ActivationManager:
+    """Runs queue monitors and the readers they start; one per worker process. Only the worker
+    holding the schema's activation lock activates, so several workers never start readers for
+    the same queue."""
+
+    broker: Broker
+    readers: dict[uuid.UUID, _Reader] = field(default_factory=dict)
+    _leader: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def _is_leader(self) -> bool:
+        try:
+            if self._leader is None or self._leader.closed or self._leader.broken:
+                self._leader = psycopg.connect(self.broker.dsn, autocommit=True)
+            row = self._leader.execute(
+                "SELECT pg_try_advisory_lock(hashtext(%s))",
+                [f"airflow_broker:{self.broker.schema}:activation"]).fetchone()
+            # A session lock is re-entrant: the leader keeps getting true.
+            return bool(row and row[0])
+        except psycopg.OperationalError:
+            self._leader = None
+            return False
+
+    def close(self) -> None:
+        if self._leader is not None:
+            self._leader.close()
+
+    def running(self, queue_id: int) -> int:
+        return sum(1 for r in self.readers.values() if r.queue_id == queue_id)
+
+    def reap(self, conn: psycopg.Connection[tuple[object, ...]]) -> int:
+        """Records readers that have exited; returns how many."""
+        schema = sql.Identifier(self.broker.schema)
+        ended = [r for r in self.readers.values() if r.process.poll() is not None]
+        for reader in ended:
+            code = reader.process.returncode
+            outcome = "ended" if code == 0 else ("killed" if code < 0 else "aborted")
+            conn.execute(
+                sql.SQL("SELECT {}.activation_ended(%s, %s, NULL, NULL, %s)").format(schema),
+                [reader.task_id, outcome, None if code == 0 else f"exit code {code}"])
+            del self.readers[reader.task_id]
+        return len(ended)
+
+    def step(self) -> int:
+        """Evaluates every queue monitor once; returns the number of readers started."""
+        if not self._is_leader():
+            return 0
+        started = 0
+        schema = sql.Identifier(self.broker.schema)
+        with self.broker.pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                self.reap(conn)
+                queues = conn.execute(sql.SQL(
+                    "SELECT queue_id, name, activation_procedure, execute_as, internal_activation"
+                    " FROM {}.monitored_queues ORDER BY queue_id").format(schema)).fetchall()
+                for queue_id, name, procedure, execute_as, internal in queues:
+                    row = conn.execute(sql.SQL("SELECT {}.monitor_step(%s, %s)").format(schema),
+                                       [queue_id, self.running(queue_id)]).fetchone()
+                    launch = int(row[0]) if row and internal else 0
+                    for _ in range(launch):
+                        self._start(conn, queue_id, name, procedure, execute_as)
+                        started += 1
+            finally:
+                conn.autocommit = False
+        return started
+
+    def _start(self, conn: psycopg.Connection[tuple[object, ...]], queue_id: int,
+               queue_name: str, procedure: str, execute_as: str | None) -> None:
+        task_id = uuid.uuid4()
+        env = {
+            **os.environ,
+            "AIRFLOW_BROKER_DSN": self.broker.dsn,
+            "AIRFLOW_BROKER_SCHEMA": self.broker.schema,
+            "AIRFLOW_BROKER_QUEUE": queue_name,
+            "AIRFLOW_BROKER_TASK_ID": str(task_id),
+            "AIRFLOW_BROKER_ROLE": role_for(execute_as) or "",
+        }
+        if is_python_target(procedure):
+            command = [sys.executable, "-m", "airflow_broker.activation", procedure]
+        else:
+            command = shlex.split(procedure)
+        try:
+            process = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            conn.execute(sql.SQL("SELECT {}.activation_started(%s, %s, NULL)").format(
+                sql.Identifier(self.broker.schema)), [task_id, queue_id])
+            conn.execute(sql.SQL("SELECT {}.activation_ended(%s, 'aborted', 0, 0, %s)").format(
+                sql.Identifier(self.broker.schema)), [task_id, f"could not start: {exc}"])
+            log.error("activation of queue %s: could not start %r: %s", queue_name, procedure,
+                      exc)
+            return
+        conn.execute(sql.SQL("SELECT {}.activation_started(%s, %s, %s)").format(
+            sql.Identifier(self.broker.schema)), [task_id, queue_id, process.pid])
+        self.readers[task_id] = _Reader(task_id, queue_id, process)
+        log.info("activation of queue %s: started reader %s (pid %s)", queue_name, task_id,
+                 process.pid)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Waits for running readers (they exit when their queue is empty)."""
+        for reader in list(self.readers.values()):
+            try:
+                reader.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                reader.process.terminate()
+
+
+def run_reader(target: str) -> int:
+    """Body of an activated Python reader process."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s activated reader: %(message)s")
+    queue_name = os.environ["AIRFLOW_BROKER_QUEUE"]
+    task_id = uuid.UUID(os.environ["AIRFLOW_BROKER_TASK_ID"])
+    broker = Broker(os.environ["AIRFLOW_BROKER_DSN"],
+                    schema=os.environ.get("AIRFLOW_BROKER_SCHEMA") or None,
+                    role=os.environ.get("AIRFLOW_BROKER_ROLE") or None,
+                    application_name=f"airflow-broker-reader {queue_name}"[:63])
+    outcome, error, code = "ended", None, 0
+    try:
+        load_target(target)(ActivationContext(broker, queue_name, task_id))
+    except Exception:
+        outcome, error, code = "aborted", traceback.format_exc(), 1
+        log.error("reader of queue %s failed:\n%s", queue_name, error)
+    finally:
+        try:
+            with psycopg.connect(broker.dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("SELECT {}.activation_ended(%s, %s, %s, %s, %s)").format(
+                        sql.Identifier(broker.schema)),
+                    [task_id, outcome, broker.stats.received, broker.stats.rollbacks, error])
+        finally:
+            broker.close()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run one activated queue reader")
+    parser.add_argument("target", help="package.module:function")
+    return run_reader(parser.parse_args(argv).target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+-- Poison-message detection (spec 18): five consecutive rolled-back transactions that received
+-- from a queue disable it and raise BROKER_QUEUE_DISABLED.
+--
+-- The receiving transaction cannot count its own rollback. Its client registers it through
+-- register_receive() on a separate connection as soon as RECEIVE returns; resolve_receives()
+-- then reads each registered transaction's fate from pg_xact_status(). It runs in transactions
+-- of its own: right after a client rolls back, and in every pass of the broker worker (which
+-- also catches readers that were killed, whose transactions PostgreSQL aborts).
+
+CREATE OR REPLACE FUNCTION register_receive(p_queue_id integer, p_xid xid8, p_message_ids uuid[],
+                                            p_backend_pid integer)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO receive_log (queue_id, xid, message_ids, backend_pid, received_at)
+    VALUES (p_queue_id, p_xid, p_message_ids, p_backend_pid, utc_now())
+    ON CONFLICT (queue_id, xid)
+    DO UPDATE SET message_ids = receive_log.message_ids || EXCLUDED.message_ids;
+END
+$$;
+
+-- Resolves the finished receiving transactions of one queue (or of all), oldest first, and
+-- stops at the first one still running, so "consecutive" means consecutive in the order the
+-- transactions began. Returns the number of queues it disabled.
+CREATE OR REPLACE FUNCTION resolve_receives(p_queue_id integer DEFAULT NULL)
+RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q record;
+    r record;
+    v_status text;
+    v_streak integer;
+    v_streak_messages uuid[];
+    v_disabled integer := 0;
+BEGIN
+    FOR q IN
+        SELECT object_id FROM queues
+         WHERE (p_queue_id IS NULL OR object_id = p_queue_id)
+           AND EXISTS (SELECT 1 FROM receive_log l WHERE l.queue_id = queues.object_id)
+         ORDER BY object_id
+    LOOP
+        -- One resolver per queue at a time; others skip it rather than wait.
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.poison'),
+                                                    q.object_id);
+        SELECT consecutive_rollbacks INTO v_streak FROM queues WHERE object_id = q.object_id;
+        v_streak_messages := '{}';
+        FOR r IN SELECT * FROM receive_log WHERE queue_id = q.object_id ORDER BY xid LOOP
+            v_status := pg_xact_status(r.xid);
+            EXIT WHEN v_status = 'in progress';
+            IF v_status = 'committed' THEN
+                v_streak := 0;
+                v_streak_messages := '{}';
+                DELETE FROM message_attempts WHERE message_id = ANY (r.message_ids);
+            ELSIF v_status = 'aborted' THEN
+                v_streak := v_streak + 1;
+                v_streak_messages := v_streak_messages || r.message_ids;
+                INSERT INTO message_attempts (message_id, queue_id, attempts, last_failed_at)
+                SELECT m, q.object_id, 1, utc_now() FROM unnest(r.message_ids) m
+                ON CONFLICT (message_id) DO UPDATE
+                   SET attempts = message_attempts.attempts + 1,
+                       last_failed_at = EXCLUDED.last_failed_at;
+                IF poison_disable(q.object_id, v_streak, v_streak_messages) THEN
+                    v_disabled := v_disabled + 1;
+                    v_streak := 0;
+                    v_streak_messages := '{}';
+                END IF;
+            END IF;
+            -- (NULL: too old to know; it neither counts nor resets.)
+            DELETE FROM receive_log WHERE receive_id = r.receive_id;
+        END LOOP;
+        UPDATE queues SET consecutive_rollbacks = v_streak WHERE object_id = q.object_id;
+    END LOOP;
+    RETURN v_disabled;
+END
+$$;
+
+-- Disables the queue when the streak reached its threshold and poison detection is on.
+CREATE OR REPLACE FUNCTION poison_disable(p_queue_id integer, p_streak integer,
+                                          p_messages uuid[])
+RETURNS boolean LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues;
+    v_now timestamp := utc_now();
+BEGIN
+    SELECT * INTO q FROM queues WHERE object_id = p_queue_id FOR UPDATE;
+    IF NOT q.is_poison_message_handling_enabled OR p_streak < q.poison_threshold
+       OR NOT q.is_receive_enabled THEN
+        RETURN false;
+    END IF;
+    UPDATE queues SET is_receive_enabled = false, is_enqueue_enabled = false,
+                      disabled_reason = 'POISON', disabled_at = v_now
+     WHERE object_id = p_queue_id;
+    INSERT INTO queue_disable_events (queue_id, disabled_at, reason, message_ids)
+    VALUES (p_queue_id, v_now,
+            format('%s consecutive transactions that received from the queue rolled back',
+                   p_streak),
+            ARRAY(SELECT DISTINCT unnest(p_messages)));
+    PERFORM wake_waiters(p_queue_id);
+    PERFORM fire_event(p_queue_id, 'BROKER_QUEUE_DISABLED');
+    RETURN true;
+END
+$$;
