@@ -64,3 +64,14 @@ def whoami(ctx: ActivationContext) -> None:
         messages = tx.receive(ctx.queue_name)
         tx.run(sql.SQL("INSERT INTO public.reader_identity (role_name, messages)"
                        " VALUES (current_user, %s)"), [len(messages)])
+
+
+def hold_group(ctx: ActivationContext) -> None:
+    """Works long on each message inside its transaction, so its conversation group stays
+    locked while it works."""
+    while not _stop_requested(ctx):
+        with ctx.broker.transaction() as tx:
+            messages = tx.receive(ctx.queue_name, 1, waitfor=True, timeout=0.5)
+            _record(ctx, tx, [m.message_id for m in messages])
+            if messages:
+                time.sleep(2.0)

@@ -77,19 +77,33 @@ BEGIN
     ELSIF m.state = 'NOTIFIED' THEN
         -- Only a RECEIVE moves the monitor on: a reader that never receives leaves it here
         -- and nothing is started again (the stub-procedure trap, spec 20.4).
-        IF v_received THEN
+        IF v_received AND NOT v_ready AND v_came_back_empty THEN
+            v_state := 'INACTIVE';
+        ELSIF v_received THEN
             v_state := 'RECEIVES_OCCURRING';
             m.ramp_started_at := v_now;
         ELSIF mq.event_activation AND NOT mq.internal_activation AND v_ready
               AND v_now - m.state_since >= notification_timeout() THEN
             v_launch := 1;
         END IF;
-    ELSIF NOT v_ready AND (v_came_back_empty OR p_running = 0) THEN
-        v_state := 'INACTIVE';
-    ELSIF v_ready THEN
+    ELSIF NOT v_ready THEN
+        IF v_came_back_empty THEN
+            v_state := 'INACTIVE';
+        ELSIF p_running = 0 THEN
+            IF mq.internal_activation THEN
+                -- The queue is empty only when a RECEIVE says so: the procedure is started
+                -- once more and finds it empty (spec T-AC-01).
+                v_launch := 1;
+                v_state := 'NOTIFIED';
+            ELSE
+                v_state := 'INACTIVE';
+            END IF;
+        END IF;
+    ELSE
         IF mq.internal_activation AND p_running = 0 THEN
             -- Readers exited while messages remain: the monitor starts one again.
             v_launch := 1;
+            v_state := 'NOTIFIED';
         ELSIF p_running < v_cap THEN
             IF v_waiting THEN
                 -- Someone is already waiting in RECEIVE: no reader is missing.

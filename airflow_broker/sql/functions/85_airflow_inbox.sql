@@ -1,0 +1,204 @@
+-- What the Airflow provider needs from the broker: a peek that tells a trigger whether RECEIVE
+-- would return something, and the Airflow inbox (V004), where a RECEIVE made for an Airflow
+-- consumer keeps its messages until the consumer has used them.
+
+-- The queue a trigger watches: whether it exists, and whether (and why) it is disabled.
+CREATE OR REPLACE FUNCTION airflow_queue_state(p_queue text)
+RETURNS TABLE (queue_id integer, queue_name text, schema_name text, is_receive_enabled boolean,
+               disabled_reason text, disabled_at timestamp)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := find_queue(p_queue);
+BEGIN
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
+    END IF;
+    RETURN QUERY SELECT q.object_id, q.name, q.schema_name, q.is_receive_enabled,
+                        q.disabled_reason, q.disabled_at;
+END
+$$;
+
+-- Up to p_limit ready messages that a RECEIVE could take now, without taking them: messages of
+-- groups that a reader holds are left out, as RECEIVE would skip them. The group rows are
+-- probed with FOR SHARE SKIP LOCKED inside a subtransaction that is rolled back, so the probe
+-- leaves no lock behind even when the caller is inside a transaction.
+CREATE OR REPLACE FUNCTION airflow_peek(
+    p_queue text,
+    p_limit integer DEFAULT 1,
+    p_conversation_handle uuid DEFAULT NULL,
+    p_conversation_group_id uuid DEFAULT NULL,
+    p_message_types text[] DEFAULT NULL)
+RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := find_queue(p_queue);
+    v_rows received_message[];
+BEGIN
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
+    END IF;
+    IF p_limit IS NULL OR p_limit < 0 THEN
+        PERFORM raise_error(50106, coalesce(p_limit::text, 'NULL'), 'LIMIT',
+                            'a number of rows of 0 or more');
+    END IF;
+    BEGIN
+        SELECT array_agg(x.msg ORDER BY x.priority DESC, x.queuing_order) INTO v_rows
+          FROM (SELECT ROW(1::smallint, m.priority, m.queuing_order, m.conversation_group_id,
+                           m.conversation_handle, m.message_sequence_number, s.name,
+                           m.service_id, c.name, m.service_contract_id, mt.name,
+                           m.message_type_id,
+                           CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E'
+                                ELSE 'X' END,
+                           m.message_body, m.message_id,
+                           coalesce(a.attempts, 0))::received_message AS msg,
+                       m.priority, m.queuing_order
+                  FROM queue_messages m
+                  JOIN dialog_groups g ON g.conversation_group_id = m.conversation_group_id
+                  JOIN service_defs s ON s.service_id = m.service_id
+                  JOIN contracts c ON c.service_contract_id = m.service_contract_id
+                  JOIN message_types mt ON mt.message_type_id = m.message_type_id
+                  LEFT JOIN message_attempts a ON a.message_id = m.message_id
+                 WHERE m.queue_id = q.object_id AND m.status = 1
+                   AND (p_conversation_handle IS NULL
+                        OR m.conversation_handle = p_conversation_handle)
+                   AND (p_conversation_group_id IS NULL
+                        OR m.conversation_group_id = p_conversation_group_id)
+                   AND (p_message_types IS NULL OR mt.name = ANY (p_message_types))
+                 ORDER BY m.priority DESC, m.queuing_order
+                 LIMIT p_limit
+                   FOR SHARE OF g SKIP LOCKED) x;
+        -- Rolls the subtransaction back: the share locks go, the variable keeps the rows.
+        RAISE SQLSTATE 'SB901';
+    EXCEPTION WHEN SQLSTATE 'SB901' THEN
+        NULL;
+    END;
+    RETURN QUERY SELECT * FROM unnest(v_rows);
+END
+$$;
+
+-- RECEIVE for an Airflow consumer: the messages go into airflow_inbox in the caller's
+-- transaction, so they leave the queue only together with that commit. With message types
+-- (and no conversation handle) the conversation of the first receivable message of those types
+-- is received, in RECEIVE order. With p_hold the rows are marked with this session, so that
+-- airflow_reclaim() hands them out again once the session is gone.
+CREATE OR REPLACE FUNCTION airflow_claim(
+    p_consumer text,
+    p_queue text,
+    p_top bigint DEFAULT NULL,
+    p_conversation_handle uuid DEFAULT NULL,
+    p_conversation_group_id uuid DEFAULT NULL,
+    p_message_types text[] DEFAULT NULL,
+    p_hold boolean DEFAULT false,
+    p_dag_id text DEFAULT NULL,
+    p_run_id text DEFAULT NULL)
+RETURNS SETOF airflow_inbox LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_handle uuid := p_conversation_handle;
+    v_group uuid := p_conversation_group_id;
+    v_pid integer;
+    v_started timestamptz;
+BEGIN
+    PERFORM check_name(p_consumer, 1000);
+    IF p_message_types IS NOT NULL AND v_handle IS NULL THEN
+        SELECT p.conversation_handle INTO v_handle
+          FROM airflow_peek(p_queue, 1, NULL, v_group, p_message_types) p;
+        IF v_handle IS NULL THEN
+            RETURN;
+        END IF;
+        v_group := NULL;
+    END IF;
+    IF p_hold THEN
+        v_pid := pg_backend_pid();
+        SELECT a.backend_start INTO v_started FROM pg_stat_activity a WHERE a.pid = v_pid;
+    END IF;
+    RETURN QUERY
+    WITH received AS (
+        INSERT INTO airflow_inbox (
+            consumer, dag_id, run_id, queue_name, holder_pid, holder_started, claimed_at,
+            status, priority, queuing_order, conversation_group_id, conversation_handle,
+            message_sequence_number, service_name, service_id, service_contract_name,
+            service_contract_id, message_type_name, message_type_id, validation, message_body,
+            message_id, attempts)
+        SELECT p_consumer, p_dag_id, p_run_id, p_queue, v_pid, v_started, utc_now(),
+               r.status, r.priority, r.queuing_order, r.conversation_group_id,
+               r.conversation_handle, r.message_sequence_number, r.service_name, r.service_id,
+               r.service_contract_name, r.service_contract_id, r.message_type_name,
+               r.message_type_id, r.validation, r.message_body, r.message_id, r.attempts
+          FROM receive(p_queue, p_top, v_handle, v_group) r
+        RETURNING *)
+    SELECT * FROM received ORDER BY inbox_id;
+END
+$$;
+
+-- What a consumer holds: a retried task instance gets back exactly what its earlier try
+-- received.
+CREATE OR REPLACE FUNCTION airflow_claimed(p_consumer text)
+RETURNS SETOF airflow_inbox LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT * FROM airflow_inbox
+     WHERE consumer = p_consumer AND state IN ('claimed', 'delivered')
+     ORDER BY inbox_id;
+$$;
+
+-- Claimed rows of a consumer whose claiming session has gone (a triggerer that died before
+-- Airflow stored the events): they now belong to this session and are handed out again.
+CREATE OR REPLACE FUNCTION airflow_reclaim(p_consumer text)
+RETURNS SETOF airflow_inbox LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_pid integer := pg_backend_pid();
+    v_started timestamptz;
+BEGIN
+    SELECT a.backend_start INTO v_started FROM pg_stat_activity a WHERE a.pid = v_pid;
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE airflow_inbox i SET holder_pid = v_pid, holder_started = v_started
+         WHERE i.consumer = p_consumer AND i.state = 'claimed'
+           AND NOT EXISTS (
+               SELECT 1 FROM pg_stat_activity a
+                WHERE a.pid = i.holder_pid
+                  -- backend_start is hidden for other roles' sessions.
+                  AND (a.backend_start IS NULL OR a.backend_start = i.holder_started))
+        RETURNING i.*)
+    SELECT * FROM moved ORDER BY inbox_id;
+END
+$$;
+
+-- Moves rows of a consumer on: 'delivered' (handed over, waiting for the DAG run's ack),
+-- 'rejected' (dead letter) or 'acked' (done: the rows are deleted). NULL ids: every row of the
+-- consumer. Returns how many rows changed. An ack wakes watchers waiting for it.
+CREATE OR REPLACE FUNCTION airflow_settle(p_consumer text, p_inbox_ids bigint[],
+                                          p_state text DEFAULT 'acked')
+RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_state = 'acked' THEN
+        DELETE FROM airflow_inbox
+         WHERE consumer = p_consumer AND (p_inbox_ids IS NULL OR inbox_id = ANY (p_inbox_ids));
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        IF v_count > 0 THEN
+            PERFORM pg_notify(current_schema() || '_airflow_inbox', left(p_consumer, 7000));
+        END IF;
+    ELSIF p_state IN ('delivered', 'rejected', 'claimed') THEN
+        UPDATE airflow_inbox
+           SET state = p_state,
+               delivered_at = CASE WHEN p_state = 'delivered' THEN utc_now() ELSE delivered_at END
+         WHERE consumer = p_consumer AND (p_inbox_ids IS NULL OR inbox_id = ANY (p_inbox_ids));
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+    ELSE
+        PERFORM raise_error(50106, coalesce(p_state, 'NULL'), 'STATE',
+                            'claimed, delivered, rejected or acked');
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION airflow_ack(p_consumer text, p_inbox_ids bigint[] DEFAULT NULL)
+RETURNS integer LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT airflow_settle(p_consumer, p_inbox_ids, 'acked');
+$$;
+
+-- What the inbox holds, per consumer and state: what the maintenance DAG reports.
+CREATE OR REPLACE VIEW airflow_inbox_summary AS
+SELECT consumer, queue_name, state, dag_id, run_id, count(*) AS messages,
+       min(claimed_at) AS oldest_claimed_at
+  FROM airflow_inbox
+ GROUP BY consumer, queue_name, state, dag_id, run_id;

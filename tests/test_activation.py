@@ -1,0 +1,326 @@
+"""Queue monitors and internal activation (spec 20; T-AC-01..04)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from airflow_broker import Broker
+from airflow_broker.activation import ActivationManager
+from airflow_broker.worker import BrokerWorker
+from tests.conftest import App
+from tests.helpers import count
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def importable_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Activated reader processes import tests.activation_readers."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+
+
+@pytest.fixture
+def activation_app(app: App) -> App:
+    with psycopg.connect(app.broker.dsn) as conn:
+        conn.execute("CREATE TABLE public.processed (message_id uuid PRIMARY KEY,"
+                     " task_id uuid NOT NULL)")
+        conn.execute("CREATE TABLE public.reader_control (stop boolean NOT NULL)")
+        conn.execute("INSERT INTO public.reader_control VALUES (false)")
+    return app
+
+
+def fill(app: App, dialogs: int, per_dialog: int = 1) -> None:
+    with app.broker.transaction() as tx:
+        for d in range(dialogs):
+            handle = tx.begin_dialog("I", "T", "C")
+            for i in range(per_dialog):
+                tx.send(handle, "Req", f"{d}-{i}")
+
+
+def monitor(broker: Broker, queue: str = "q_t") -> tuple[object, ...]:
+    with psycopg.connect(broker.dsn) as conn:
+        row = conn.execute("SELECT state, last_activated_time, last_empty_rowset_time,"
+                           " activated_readers FROM broker.dm_broker_queue_monitors"
+                           " WHERE queue_name = %s", [queue]).fetchone()
+    return row or ("NO MONITOR", None, None, 0)
+
+
+def wait_until(condition: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def manager(activation_app: App) -> Iterator[ActivationManager]:
+    m = ActivationManager(activation_app.broker)
+    try:
+        yield m
+    finally:
+        with psycopg.connect(activation_app.broker.dsn, autocommit=True) as conn:
+            conn.execute("UPDATE public.reader_control SET stop = true")
+        m.stop(timeout=30)
+        m.close()
+
+
+def all_exited(manager: ActivationManager) -> bool:
+    return all(r.process.poll() is not None for r in manager.readers.values())
+
+
+def test_T_AC_01_queue_monitor_basics(activation_app: App, manager: ActivationManager) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:receive_one",
+                       max_queue_readers=1)
+    assert manager.step() == 0
+    assert monitor(broker)[0] == "INACTIVE"
+    fill(activation_app, 10)
+    assert manager.step() == 1
+    state, last_activated, _, readers = monitor(broker)
+    assert state == "NOTIFIED" and last_activated is not None and readers == 1
+    # The procedure receives one message per call; the monitor calls it again until a
+    # RECEIVE comes back empty.
+    deadline = time.monotonic() + 120
+    while count(broker, "SELECT count(*) FROM public.processed") < 10 or manager.readers:
+        assert time.monotonic() < deadline
+        manager.step()
+        assert len(manager.readers) <= 1
+        time.sleep(0.05)
+    wait_until(lambda: (manager.step() or True) and monitor(broker)[0] == "INACTIVE",
+               "the monitor to go INACTIVE", 60)
+    state, _, last_empty, readers = monitor(broker)
+    assert state == "INACTIVE" and last_empty is not None and readers == 0
+    assert count(broker, "SELECT count(*) FROM public.processed") == 10
+    with psycopg.connect(broker.dsn) as conn:
+        log = conn.execute("SELECT outcome, messages_received FROM broker.activation_log"
+                           " ORDER BY started_at").fetchall()
+    assert all(outcome == "ended" for outcome, _ in log)
+    assert sum(n for _, n in log) == 10
+
+
+def test_T_AC_02_ramp_up_and_cap(activation_app: App, manager: ActivationManager) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:slow",
+                       max_queue_readers=4)
+    fill(activation_app, 400)
+    receives_so_far = "SELECT coalesce(pg_sequence_last_value(receive_counter), 0)" \
+                      " FROM broker.queues WHERE name = 'q_t'"
+
+    def step_after_receives() -> int:
+        before = count(broker, receives_so_far)
+        wait_until(lambda: count(broker, receives_so_far) > before, "a RECEIVE")
+        return manager.step()
+
+    assert manager.step() == 1                      # INACTIVE -> NOTIFIED
+    assert step_after_receives() == 0               # NOTIFIED -> RECEIVES_OCCURRING
+    assert monitor(broker)[0] == "RECEIVES_OCCURRING"
+    broker.advance_clock(dt.timedelta(seconds=4))
+    assert step_after_receives() == 0               # not 5 seconds yet
+    for expected_readers in (2, 3, 4):
+        broker.advance_clock(dt.timedelta(seconds=5))
+        assert step_after_receives() == 1
+        assert len(manager.readers) == expected_readers
+        assert step_after_receives() == 0           # at most one per interval
+    broker.advance_clock(dt.timedelta(seconds=5))
+    assert step_after_receives() == 0               # the cap
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", max_queue_readers=6)
+    assert step_after_receives() == 1               # a raised cap applies at once
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", max_queue_readers=2)
+    broker.advance_clock(dt.timedelta(seconds=10))
+    assert step_after_receives() == 0
+    assert len(manager.readers) == 5                # running readers are not stopped
+    assert count(broker, "SELECT max(activated_readers) FROM broker.dm_broker_queue_monitors") == 5
+
+
+def test_T_AC_02_one_group_backlog_starts_at_most_two_readers(
+    activation_app: App, manager: ActivationManager
+) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:hold_group",
+                       max_queue_readers=4)
+    fill(activation_app, 1, per_dialog=200)  # one conversation: one group
+    assert manager.step() == 1
+    wait_until(lambda: count(broker, "SELECT count(*) FROM public.processed") > 0,
+               "the first reader to hold the group")
+    manager.step()
+    broker.advance_clock(dt.timedelta(seconds=6))
+    assert manager.step() == 1  # one extra reader...
+    for _ in range(4):
+        # ...which finds the group locked and waits in RECEIVE, so no more are needed.
+        time.sleep(1.0)
+        broker.advance_clock(dt.timedelta(seconds=6))
+        manager.step()
+    assert len(manager.readers) == 2
+
+
+def test_T_AC_03_stub_procedure_leaves_the_monitor_notified(
+    activation_app: App, manager: ActivationManager
+) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:stub",
+                       max_queue_readers=1)
+    fill(activation_app, 3)
+    assert manager.step() == 1
+    wait_until(lambda: all_exited(manager), "the stub to return")
+    for _ in range(3):
+        fill(activation_app, 1)
+        broker.advance_clock(dt.timedelta(seconds=30))
+        assert manager.step() == 0          # never started again
+    assert monitor(broker)[0] == "NOTIFIED"
+    with psycopg.connect(broker.dsn) as conn:
+        stuck = conn.execute("SELECT queue_name FROM broker.stuck_queue_monitors").fetchall()
+    assert stuck == [("q_t",)]
+    # Changing the procedure does not help; recycling activation does.
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_procedure="tests.activation_readers:drain")
+    assert manager.step() == 0
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=False)
+        tx.alter_queue("q_t", activation_status=True)
+    assert manager.step() == 1
+    wait_until(lambda: count(broker, "SELECT count(*) FROM public.processed") == 6,
+               "the new procedure to drain the queue")
+
+
+def test_T_AC_04_status_changes_and_execute_as(
+    activation_app: App, manager: ActivationManager
+) -> None:
+    broker = activation_app.broker
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        for statement in (
+            "GRANT USAGE ON SCHEMA broker, public TO {}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA broker TO {}",
+        ):
+            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
+    try:
+        with broker.transaction() as tx:
+            tx.alter_queue("q_t", activation_status=False,
+                           activation_procedure="tests.activation_readers:whoami",
+                           max_queue_readers=1, execute_as=role)
+        fill(activation_app, 2)
+        assert manager.step() == 0          # activation is off
+        with broker.transaction() as tx:
+            tx.alter_queue("q_t", activation_status=True)
+        assert manager.step() == 1          # OFF -> ON with messages: at once
+        wait_until(lambda: all_exited(manager), "the reader to finish")
+        manager.step()
+        with psycopg.connect(broker.dsn) as conn:
+            identity = conn.execute("SELECT role_name FROM public.reader_identity").fetchall()
+            log = conn.execute("SELECT execute_as, outcome FROM broker.activation_log").fetchall()
+        assert identity and {r for (r,) in identity} == {role}
+        assert log[0] == (role, "ended")
+    finally:
+        with psycopg.connect(broker.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_T_AC_04_turning_activation_off_leaves_running_readers(
+    activation_app: App, manager: ActivationManager
+) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:slow",
+                       max_queue_readers=2)
+    fill(activation_app, 50)
+    assert manager.step() == 1
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=False)
+    broker.advance_clock(dt.timedelta(seconds=30))
+    assert manager.step() == 0
+    (reader,) = manager.readers.values()
+    assert reader.process.poll() is None    # still running
+    before = count(broker, "SELECT count(*) FROM public.processed")
+    wait_until(lambda: count(broker, "SELECT count(*) FROM public.processed") > before,
+               "the running reader to keep receiving")
+
+
+def test_failing_reader_is_logged_and_poisons_the_queue(
+    activation_app: App, manager: ActivationManager
+) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:fail_after_receive",
+                       max_queue_readers=1)
+    fill(activation_app, 1)
+    deadline = time.monotonic() + 120
+    while count(broker, "SELECT count(*) FROM broker.service_queues"
+                        " WHERE name = 'q_t' AND NOT is_receive_enabled") == 0:
+        assert time.monotonic() < deadline, "poison detection never disabled the queue"
+        manager.step()
+        broker.advance_clock(dt.timedelta(seconds=1))
+        time.sleep(0.1)
+    wait_until(lambda: all_exited(manager), "the last reader to exit")
+    manager.step()
+    with psycopg.connect(broker.dsn) as conn:
+        log = conn.execute("SELECT outcome, rollbacks, exception FROM broker.activation_log"
+                           " ORDER BY started_at").fetchall()
+    assert len(log) >= 5
+    assert all(outcome == "aborted" for outcome, _, _ in log)
+    assert all(rollbacks == 1 for _, rollbacks, _ in log)
+    assert all("this message cannot be processed" in text for _, _, text in log)
+    assert monitor(broker)[0] == "NO MONITOR"  # a disabled queue has no monitor
+
+
+@pytest.mark.slow
+def test_activation_drains_1000_messages_with_at_most_3_readers(activation_app: App) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:drain",
+                       max_queue_readers=3)
+        tx.tune_queue("q_t", activation_ramp_interval=dt.timedelta(seconds=1))
+    fill(activation_app, 1000)
+    worker = BrokerWorker(broker, interval=0.2)
+    thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: count(broker, "SELECT count(*) FROM public.processed") == 1000,
+                   "activation to drain the queue", limit=300)
+        wait_until(lambda: count(broker, "SELECT count(*) FROM broker.activated_tasks") == 0,
+                   "the readers to exit", limit=60)
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    with psycopg.connect(broker.dsn) as conn:
+        log = conn.execute("SELECT started_at, ended_at, messages_received, outcome"
+                           " FROM broker.activation_log ORDER BY started_at").fetchall()
+    assert 2 <= len(log)
+    assert sum(n for _, _, n, _ in log) == 1000
+    assert {o for *_, o in log} == {"ended"}
+    # The ramp-up: readers started one at a time, at least the interval apart, never more
+    # than 3 running at once.
+    starts = [s for s, *_ in log]
+    assert all(b - a >= dt.timedelta(seconds=1) for a, b in zip(starts, starts[1:], strict=False)
+               if b < max(e for _, e, _, _ in log))
+    events = sorted([(s, 1) for s, *_ in log] + [(e, -1) for _, e, _, _ in log])
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert 2 <= peak <= 3
