@@ -57,7 +57,7 @@ def load_target(target: str) -> Callable[[ActivationContext], object]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError(f"activation target {target!r} is not callable")
-    return obj  # type: ignore[return-value]
+    return obj
 
 
 def role_for(execute_as: str | None) -> str | None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 import os
 import threading
-from dataclasses import dataclass
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg

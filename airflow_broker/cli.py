@@ -59,6 +59,15 @@ def _cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from airflow_broker.doctor import diagnose
+
+    with Broker(args.dsn, schema=args.schema) as broker:
+        report = diagnose(broker)
+    print(report.to_json() if args.json else report.to_text())
+    return 0 if report.healthy else 1
+
+
 def _server(args: argparse.Namespace) -> int:
     server = EmbeddedPostgres(args.data_dir, keep_running=args.action == "start")
     if args.action == "stop":
@@ -106,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
                          help="endpoints per transaction")
     cleanup.add_argument("--quiet", action="store_true", help="no progress bar")
     cleanup.set_defaults(run=_cleanup)
+
+    doctor = commands.add_parser(
+        "doctor", help="check queues, activation, monitors, leaks, held messages and services")
+    connection_options(doctor)
+    doctor.add_argument("--json", action="store_true", help="machine-readable report")
+    doctor.set_defaults(run=_doctor)
 
     demo = commands.add_parser("demo", help="run the stock-trade demo")
     demo.add_argument("--dsn", help="PostgreSQL DSN (default: the embedded PostgreSQL)")

@@ -51,7 +51,8 @@ class StatementRunner:
         text stays identical and psycopg prepares it after a few calls."""
         return self.broker.rendered_call(name, arity, casts)
 
-    def run(self, query: bytes | sql.Composed, params: Sequence[Any] = ()) -> list[TupleRow]:
+    def run(self, query: bytes | sql.SQL | sql.Composed,
+            params: Sequence[Any] = ()) -> list[TupleRow]:
         try:
             cursor = self.conn.execute(query, params)
             return cursor.fetchall() if cursor.description is not None else []
@@ -61,6 +62,6 @@ class StatementRunner:
                 raise broker_error from None
             raise
 
-    def scalar(self, query: bytes | sql.Composed, params: Sequence[Any] = ()) -> Any:
+    def scalar(self, query: bytes | sql.SQL | sql.Composed, params: Sequence[Any] = ()) -> Any:
         rows = self.run(query, params)
         return rows[0][0] if rows else None

@@ -84,10 +84,13 @@ class BrokerWorker:
 
     def run_once(self) -> PassResult:
         """One pass of every step; returns what it did."""
-        done = [self._step(step) for step in STEPS]
-        disabled = self._resolve_receives()
-        started = self.activation.step() if self.activation is not None else 0
-        return PassResult(*done, disabled, started)
+        fired, expired, delivered, reclaimed, replies = (self._step(step) for step in STEPS)
+        return PassResult(
+            timers_fired=fired, lifetimes_expired=expired, messages_delivered=delivered,
+            endpoints_reclaimed=reclaimed, notification_replies=replies,
+            queues_disabled=self._resolve_receives(),
+            readers_started=self.activation.step() if self.activation is not None else 0,
+        )
 
     def stop(self) -> None:
         self._stop.set()

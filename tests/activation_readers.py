@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 from psycopg import sql
 
+from airflow_broker import Transaction
 from airflow_broker.activation import ActivationContext
 
 
@@ -15,10 +17,9 @@ def _stop_requested(ctx: ActivationContext) -> bool:
     return bool(rows and rows[0][0])
 
 
-def _record(ctx: ActivationContext, tx: object, message_ids: list[object]) -> None:
-    tx.run(  # type: ignore[attr-defined]
-        sql.SQL("INSERT INTO public.processed (message_id, task_id) SELECT m, %s FROM unnest(%s::uuid[]) m"),
-        [ctx.task_id, message_ids])
+def _record(ctx: ActivationContext, tx: Transaction, message_ids: list[uuid.UUID]) -> None:
+    tx.run(sql.SQL("INSERT INTO public.processed (message_id, task_id)"
+                   " SELECT m, %s FROM unnest(%s::uuid[]) m"), [ctx.task_id, message_ids])
 
 
 def receive_one(ctx: ActivationContext) -> None:

@@ -123,10 +123,9 @@ def test_T_PM_01_poison_handling_off_never_disables(watched: App) -> None:
 def test_T_PM_01_savepoint_rollbacks_do_not_count(watched: App) -> None:
     fill(watched)
     for _ in range(6):
-        with watched.broker.transaction() as tx:
-            with pytest.raises(RuntimeError), tx.savepoint():
-                assert tx.receive("q_t", 1)
-                raise RuntimeError("only this part is undone")
+        with watched.broker.transaction() as tx, pytest.raises(RuntimeError), tx.savepoint():
+            assert tx.receive("q_t", 1)
+            raise RuntimeError("only this part is undone")
     assert is_enabled(watched.broker)
     assert count(watched.broker, "SELECT count(*) FROM broker.queue_messages"
                                  " WHERE queue_id = (SELECT object_id FROM broker.queues"
