@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import warnings
@@ -79,3 +80,6 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         self._server.cleanup()
+        # pgserver would clean up again at interpreter exit, logging to streams that may be
+        # closed by then.
+        atexit.unregister(self._server._cleanup)
