@@ -68,6 +68,37 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if report.healthy else 1
 
 
+def _quarantine(args: argparse.Namespace) -> int:
+    from airflow_broker import quarantine
+
+    with Broker(args.dsn, schema=args.schema) as broker:
+        if args.action == "list":
+            rows = quarantine.list_quarantined(broker, args.queue, args.all)
+            if args.json:
+                import dataclasses
+                import json
+
+                print(json.dumps([{**dataclasses.asdict(r), "message_body": r.body_text(10**9)}
+                                  for r in rows], default=str, indent=2))
+                return 0
+            print(f"{len(rows)} quarantined messages")
+            for r in rows:
+                print(f"  #{r.quarantine_id} {r.status} {r.queue_name} conversation "
+                      f"{r.conversation_handle} seq {r.message_sequence_number} "
+                      f"{r.message_type_name} attempts {r.attempts}")
+                print(f"      error: {r.error}")
+                print(f"      body:  {r.body_text()}")
+            return 0
+        ids = [r.quarantine_id for r in quarantine.list_quarantined(broker, args.queue)
+               ] if args.all else args.ids
+        if not ids:
+            print("nothing to do: give quarantine ids, or --all with --queue")
+            return 2
+        done = (quarantine.replay if args.action == "replay" else quarantine.discard)(broker, ids)
+        print(f"{args.action}ed {done} messages")
+    return 0
+
+
 def _server(args: argparse.Namespace) -> int:
     server = EmbeddedPostgres(args.data_dir, keep_running=args.action == "start")
     if args.action == "stop":
@@ -121,6 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     connection_options(doctor)
     doctor.add_argument("--json", action="store_true", help="machine-readable report")
     doctor.set_defaults(run=_doctor)
+
+    quarantine = commands.add_parser(
+        "quarantine", help="list, replay or discard messages a reader moved aside")
+    connection_options(quarantine)
+    quarantine.add_argument("action", choices=["list", "replay", "discard"])
+    quarantine.add_argument("ids", nargs="*", type=int, help="quarantine ids")
+    quarantine.add_argument("--queue", help="only this queue")
+    quarantine.add_argument("--all", action="store_true",
+                            help="list: also replayed and discarded ones; replay/discard: "
+                                 "every open one (of --queue)")
+    quarantine.add_argument("--json", action="store_true")
+    quarantine.set_defaults(run=_quarantine)
 
     demo = commands.add_parser("demo", help="run the stock-trade demo")
     demo.add_argument("--dsn", help="PostgreSQL DSN (default: the embedded PostgreSQL)")

@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from airflow_broker.errors import BrokerError
 from airflow_broker.statement import StatementRunner
@@ -78,6 +79,18 @@ class ConversationStatements(StatementRunner):
             if isinstance(conversation_handles, uuid.UUID)
             else list(conversation_handles)
         )
+        self._send("send", handles, message_type, body)
+
+    def send_if_open(self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT",
+                     body: Body = None) -> bool:
+        """SEND, unless the peer has already ended the conversation (the endpoint is no longer
+        CONVERSING): then nothing is sent and the result is False, instead of error 8429. For
+        replies, which may cross the peer's END CONVERSATION."""
+        sent: bool = self._send("send_if_open", conversation_handle, message_type, body)
+        return sent
+
+    def _send(self, function: str, handles: list[uuid.UUID] | uuid.UUID, message_type: str,
+              body: Body) -> Any:
         data = body_bytes(body)
         info = self.broker.message_type_info(self, message_type)
         checked_as = None
@@ -85,9 +98,11 @@ class ConversationStatements(StatementRunner):
         if info is not None and info.checked_as is not None and data:
             checked_as = info.checked_as
             problem = verdict(info, data)
-        q = self.function("send", 6, ["uuid[]", "text", "bytea", "boolean", "text", "text"])
+        first = "uuid[]" if isinstance(handles, list) else "uuid"
+        q = self.function(function, 6, [first, "text", "bytea", "boolean", "text", "text"])
         try:
-            self.run(q, [handles, message_type, data, body is None, checked_as, problem])
+            return self.scalar(q, [handles, message_type, data, body is None, checked_as,
+                                   problem])
         except BrokerError as exc:
             if exc.number == 50103:
                 # The message type changed since it was cached: the next SEND reloads it.

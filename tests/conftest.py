@@ -8,6 +8,8 @@ database, cloned from a template that already holds the broker schema.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,15 +27,19 @@ TEMPLATE = "airflow_broker_test_template"
 
 
 @pytest.fixture(scope="session")
-def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres | None]:
+def embedded_server() -> Iterator[EmbeddedPostgres | None]:
     if os.environ.get("AIRFLOW_BROKER_TEST_DSN"):
         yield None
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
+    # Not under pytest's basetemp: pytest prunes old basetemp folders, also those of another
+    # test session still running on the same machine.
+    data_dir = tempfile.mkdtemp(prefix="airflow-broker-test-pg-")
+    server = EmbeddedPostgres(data_dir)
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,8 @@ INSERT INTO error_messages (error_number, text) VALUES
     (50107, 'The XML schema is not valid: %s'),
     (50109, 'The error code %s is not valid: END CONVERSATION WITH ERROR needs a code greater than 0 (negative codes belong to the broker).'),
     (50110, 'The event type ''%s'' is not valid for an event notification ON QUEUE; use QUEUE_ACTIVATION or BROKER_QUEUE_DISABLED.'),
+    (50111, 'The quarantined message %s cannot be replayed or discarded: it is already %s.'),
+    (50112, 'The quarantined message %s cannot be replayed: its conversation %s can no longer receive (endpoint state %s).'),
     (50108, 'The message type ''%s'' requires well-formed XML and this body cannot be parsed by this PostgreSQL server (built without XML support, or a UTF-16 body); send this message type through the airflow_broker Python API, which checks the body itself.')
 ON CONFLICT (error_number) DO UPDATE SET text = EXCLUDED.text;
 

@@ -298,3 +298,22 @@ CREATE OR REPLACE FUNCTION send(p_handles uuid[], p_message_type text, p_body by
 RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
     SELECT send(p_handles, p_message_type, p_body, false, NULL::text, NULL::text)
 $$;
+
+-- A reply that is dropped, rather than failing with 8429, when the peer has already ended the
+-- conversation (its EndDialog or Error may arrive while the reply is being prepared). Returns
+-- whether it was sent.
+CREATE OR REPLACE FUNCTION send_if_open(p_handle uuid, p_message_type text, p_body bytea,
+                                        p_body_omitted boolean, p_checked_as text,
+                                        p_xml_error text)
+RETURNS boolean LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    e endpoints := lock_endpoint(p_handle);
+BEGIN
+    IF e.state NOT IN ('SO', 'CO') THEN
+        RETURN false;
+    END IF;
+    PERFORM send(ARRAY[p_handle], p_message_type, p_body, p_body_omitted, p_checked_as,
+                 p_xml_error);
+    RETURN true;
+END
+$$;

@@ -1,0 +1,358 @@
+"""A queue reader: RECEIVE, process, commit, until the queue stays empty; the loop of an
+activated procedure, run by each Spark task of the reader application (and usable as an
+activation target or anywhere else).
+
+User logic is a per-message function ``handle(message, ctx)`` or a batch function
+``handle_batch(frame, ctx)`` that takes a pandas DataFrame of the batch (Arrow-backed) and
+returns one result per row. A result is None (nothing to reply), a reply body (str or bytes,
+sent with ``reply_message_type``), or an Exception instance for a message that failed. The
+function can also ``ctx.send()`` and ``ctx.end_conversation()`` and run its own SQL through
+``ctx.tx``: everything commits together with the RECEIVE, or not at all.
+
+Each message is processed inside a savepoint, so one failing message never undoes the others.
+What happens to a failing message is the poison strategy (spec 18.2):
+
+- ``retry``: roll the whole transaction back so the messages come back (transient errors);
+  after ``max_attempts`` a message is quarantined instead.
+- ``quarantine``: move it to the quarantine table with its error and traceback, commit the rest.
+- ``end_conversation``: END CONVERSATION WITH ERROR on its conversation.
+- ``disable``: roll back and leave it to poison-message detection, which disables the queue and
+  raises BROKER_QUEUE_DISABLED after five rollbacks (SQL Server's behaviour).
+- ``timer_retry``: park it in the quarantine table as "retrying", start a conversation timer, and
+  try again when the DialogTimer arrives; later messages of the conversation wait behind it, so
+  its order holds; after ``max_attempts`` it stays quarantined.
+
+EndDialog and Error messages end the conversation on this side (after the handler has seen an
+Error, if it wants to); DialogTimer messages drive ``timer_retry`` and otherwise go to the
+handler.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import logging
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from psycopg import sql
+
+from airflow_broker.broker import Broker
+from airflow_broker.conversations import Body
+from airflow_broker.errors import QueueDisabledError
+from airflow_broker.messages import Message
+from airflow_broker.transaction import Transaction
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("retry", "quarantine", "end_conversation", "disable", "timer_retry")
+
+
+class RollbackBatch(Exception):
+    """Raised inside the reader to roll the whole batch back (retry and disable strategies)."""
+
+
+@dataclass
+class ReaderStats:
+    received: int = 0
+    processed: int = 0
+    replied: int = 0
+    quarantined: int = 0
+    retried: int = 0
+    ended: int = 0
+    failed: int = 0
+    batches: int = 0
+
+    def merge(self, other: ReaderStats) -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+@dataclass
+class ReaderConfig:
+    queue_name: str
+    handler: str
+    batch: bool = False
+    batch_size: int = 100
+    waitfor_timeout: float = 1.0
+    idle_exit: float = 5.0
+    strategy: str = "quarantine"
+    max_attempts: int = 3
+    retry_delay: int = 30
+    reply_message_type: str | None = None
+    error_code: int = 500
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown poison strategy {self.strategy!r}; one of {STRATEGIES}")
+        if self.batch_size < 1 or self.max_attempts < 1 or self.retry_delay < 1:
+            raise ValueError("batch_size, max_attempts and retry_delay must be 1 or more")
+        if self.batch and self.strategy == "timer_retry":
+            # A batch handler has already worked on a conversation's later messages when an
+            # earlier one fails, so their order could not be kept.
+            raise ValueError("timer_retry needs a per-message handler")
+
+
+@dataclass
+class ReaderContext:
+    """What a handler is given: the reader's transaction and a few conveniences."""
+
+    tx: Transaction
+    queue_name: str
+    stats: ReaderStats
+    ended: set[uuid.UUID] = field(default_factory=set)
+
+    def send(self, conversation_handle: uuid.UUID, message_type: str, body: Body = None) -> None:
+        self.tx.send(conversation_handle, message_type, body)
+        self.stats.replied += 1
+
+    def end_conversation(self, conversation_handle: uuid.UUID, *, error: int | None = None,
+                         description: str | None = None) -> None:
+        if conversation_handle in self.ended:
+            return
+        self.tx.end_conversation(conversation_handle, error=error, description=description)
+        self.ended.add(conversation_handle)
+        self.stats.ended += 1
+
+
+def load_callable(path: str) -> Callable[..., Any]:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"handler {path!r} is not of the form package.module:function")
+    obj: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"handler {path!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def messages_frame(messages: Sequence[Message]) -> Any:
+    """The batch as a pandas DataFrame with Arrow-backed columns."""
+    import pandas as pd
+
+    frame = pd.DataFrame([asdict(m) for m in messages])
+    for column in ("conversation_group_id", "conversation_handle", "message_id"):
+        frame[column] = frame[column].astype(str)
+    return frame.convert_dtypes(dtype_backend="pyarrow")
+
+
+class QueueReader:
+    def __init__(self, broker: Broker, config: ReaderConfig,
+                 handler: Callable[..., Any] | None = None) -> None:
+        self.broker = broker
+        self.config = config
+        self.handler = handler or load_callable(config.handler)
+        self.stats = ReaderStats()
+
+    def run(self) -> ReaderStats:
+        """Reads until RECEIVE has found nothing for ``idle_exit`` seconds, or the queue is
+        disabled (a reader never spins on error 9617)."""
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < self.config.idle_exit:
+            try:
+                got = self.run_batch()
+            except RollbackBatch:
+                got = True
+            except QueueDisabledError as exc:
+                log.error("queue %s is disabled, the reader stops: %s", self.config.queue_name,
+                          exc)
+                break
+            if got:
+                idle_since = time.monotonic()
+        return self.stats
+
+    def run_batch(self) -> bool:
+        """One transaction: RECEIVE a batch, process it, commit. False when nothing came."""
+        with self.broker.transaction() as tx:
+            messages = tx.receive(self.config.queue_name, self.config.batch_size, waitfor=True,
+                                  timeout=self.config.waitfor_timeout)
+            if not messages:
+                return False
+            self.stats.received += len(messages)
+            self.stats.batches += 1
+            ctx = ReaderContext(tx, self.config.queue_name, self.stats)
+            self._process(ctx, messages)
+        return True
+
+    def _process(self, ctx: ReaderContext, messages: list[Message]) -> None:
+        parked = self._parked_conversations(ctx.tx, {m.conversation_handle for m in messages})
+        batch: list[Message] = []
+        for message in messages:
+            if message.conversation_handle in ctx.ended:
+                continue
+            if message.is_end_dialog or message.is_error:
+                if message.is_error:
+                    log.warning("conversation %s ended with error %s", message.conversation_handle,
+                                message.error())
+                ctx.end_conversation(message.conversation_handle)
+            elif message.is_dialog_timer and self.config.strategy == "timer_retry":
+                if not self._retry_parked(ctx, message.conversation_handle):
+                    parked.discard(message.conversation_handle)
+            elif message.conversation_handle in parked:
+                # Earlier messages of this conversation wait for their retry: keep the order.
+                self._park(ctx, message, "waiting behind a message being retried", None,
+                           count_attempt=False)
+            elif self.config.batch:
+                batch.append(message)
+            elif not self._process_one(ctx, message):
+                parked.add(message.conversation_handle)
+        if batch:
+            self._process_batch(ctx, batch)
+
+    def _process_one(self, ctx: ReaderContext, message: Message) -> bool:
+        """Processes one message; False when it was parked for a timer retry."""
+        try:
+            with ctx.tx.savepoint():
+                self._reply(ctx, message, self.handler(message, ctx))
+            self.stats.processed += 1
+            return True
+        except RollbackBatch:
+            raise
+        except Exception as exc:
+            return self._failed(ctx, message, exc, traceback.format_exc())
+
+    def _process_batch(self, ctx: ReaderContext, messages: list[Message]) -> None:
+        try:
+            with ctx.tx.savepoint():
+                results = list(self.handler(messages_frame(messages), ctx))
+            if len(results) != len(messages):
+                raise ValueError(f"the batch handler returned {len(results)} results for "
+                                 f"{len(messages)} messages")
+        except Exception as exc:
+            # The whole batch failed: each message takes its own way through the strategy.
+            tb = traceback.format_exc()
+            for message in messages:
+                self._failed(ctx, message, exc, tb)
+            return
+        for message, result in zip(messages, results, strict=True):
+            if isinstance(result, BaseException):
+                self._failed(ctx, message, result, "".join(traceback.format_exception(result)))
+                continue
+            try:
+                with ctx.tx.savepoint():
+                    self._reply(ctx, message, result)
+                self.stats.processed += 1
+            except Exception as exc:
+                self._failed(ctx, message, exc, traceback.format_exc())
+
+    def _reply(self, ctx: ReaderContext, message: Message, result: Any) -> None:
+        if result is None:
+            return
+        if self.config.reply_message_type is None:
+            raise ValueError("the handler returned a reply, but no reply_message_type is set")
+        if message.conversation_handle in ctx.ended:
+            return
+        if ctx.tx.send_if_open(message.conversation_handle, self.config.reply_message_type,
+                               result):
+            self.stats.replied += 1
+        else:
+            log.info("conversation %s: the peer has ended it, the reply is dropped",
+                     message.conversation_handle)
+
+    def _failed(self, ctx: ReaderContext, message: Message, exc: BaseException,
+                tb: str) -> bool:
+        """Applies the poison strategy; False when the message was parked for a retry."""
+        self.stats.failed += 1
+        strategy = self.config.strategy
+        attempts = message.attempts + 1
+        log.warning("message %s (%s #%s) failed on attempt %s: %s", message.message_id,
+                    message.message_type_name, message.message_sequence_number, attempts, exc)
+        if strategy in ("retry", "disable") and (strategy == "disable"
+                                                 or attempts < self.config.max_attempts):
+            self.stats.retried += 1
+            raise RollbackBatch(str(exc)) from exc
+        if strategy == "end_conversation":
+            ctx.end_conversation(message.conversation_handle, error=self.config.error_code,
+                                 description=f"{type(exc).__name__}: {exc}"[:3000])
+            return True
+        if strategy == "timer_retry" and attempts < self.config.max_attempts:
+            self._park(ctx, message, f"{type(exc).__name__}: {exc}", tb)
+            ctx.tx.begin_conversation_timer(message.conversation_handle, self.config.retry_delay)
+            self.stats.retried += 1
+            return False
+        self._quarantine(ctx, message, f"{type(exc).__name__}: {exc}", tb, attempts)
+        return True
+
+    def _quarantine(self, ctx: ReaderContext, message: Message, error: str, tb: str | None,
+                    attempts: int, status: str = "quarantined") -> None:
+        ctx.tx.scalar(
+            sql.SQL("SELECT {}.quarantine_message(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                    " %s, %s, %s)").format(sql.Identifier(self.broker.schema)),
+            [self.config.queue_name, message.conversation_handle, message.conversation_group_id,
+             message.service_name, message.service_contract_name, message.message_type_name,
+             message.message_sequence_number, message.message_id, message.message_body, error,
+             tb, attempts, status])
+        if status == "quarantined":
+            self.stats.quarantined += 1
+
+    def _park(self, ctx: ReaderContext, message: Message, error: str, tb: str | None,
+              count_attempt: bool = True) -> None:
+        self._quarantine(ctx, message, error, tb, message.attempts + (1 if count_attempt else 0),
+                         status="retrying")
+
+    def _parked_conversations(self, tx: Transaction, handles: set[uuid.UUID]) -> set[uuid.UUID]:
+        if self.config.strategy != "timer_retry":
+            return set()
+        rows = tx.run(sql.SQL(
+            "SELECT DISTINCT conversation_handle FROM {}.quarantine"
+            " WHERE status = 'retrying' AND conversation_handle = ANY(%s)").format(
+                sql.Identifier(self.broker.schema)), [list(handles)])
+        return {r[0] for r in rows}
+
+    def _retry_parked(self, ctx: ReaderContext, conversation: uuid.UUID) -> bool:
+        """The DialogTimer of a conversation with parked messages: try them again, in order.
+        True while some still wait for a later retry."""
+        schema = sql.Identifier(self.broker.schema)
+        rows = ctx.tx.run(sql.SQL(
+            "SELECT quarantine_id, message_id, message_type_name, message_sequence_number,"
+            " message_body, attempts, conversation_group_id, service_name,"
+            " service_contract_name FROM {}.quarantine"
+            " WHERE status = 'retrying' AND conversation_handle = %s"
+            " ORDER BY message_sequence_number FOR UPDATE").format(schema), [conversation])
+        for (qid, message_id, type_name, seq, body, attempts, group, service,
+             contract) in rows:
+            message = Message(1, 5, 0, group, conversation, seq, service, 0, contract, 0,
+                              type_name, 0, "N", body, message_id, attempts)
+            try:
+                with ctx.tx.savepoint():
+                    self._reply(ctx, message, self.handler(message, ctx))
+            except Exception as exc:
+                attempts += 1
+                if attempts >= self.config.max_attempts:
+                    ctx.tx.run(sql.SQL(
+                        "UPDATE {}.quarantine SET status = 'quarantined', attempts = %s,"
+                        " error = %s, traceback = %s WHERE quarantine_id = %s").format(schema),
+                        [attempts, f"{type(exc).__name__}: {exc}", traceback.format_exc(), qid])
+                    self.stats.quarantined += 1
+                    # What waited behind it is released, in order, for the next timer.
+                    continue
+                ctx.tx.run(sql.SQL("UPDATE {}.quarantine SET attempts = %s, error = %s"
+                                   " WHERE quarantine_id = %s").format(schema),
+                           [attempts, f"{type(exc).__name__}: {exc}", qid])
+                ctx.tx.begin_conversation_timer(conversation, self.config.retry_delay)
+                self.stats.retried += 1
+                return True
+            ctx.tx.run(sql.SQL("DELETE FROM {}.quarantine WHERE quarantine_id = %s").format(
+                schema), [qid])
+            self.stats.processed += 1
+        return False
+
+
+def record_run(broker: Broker, run_id: uuid.UUID, queue_name: str, started: dt.datetime,
+               summary: dict[str, Any]) -> None:
+    """Stores a run's summary in reader_runs (operators read it back)."""
+    import json
+
+    with broker.transaction() as tx:
+        tx.run(sql.SQL(
+            "INSERT INTO {}.reader_runs (run_id, queue_name, started_at, ended_at, summary)"
+            " VALUES (%s, %s, %s, {}.utc_now(), %s::jsonb)"
+            " ON CONFLICT (run_id) DO UPDATE SET ended_at = EXCLUDED.ended_at,"
+            " summary = EXCLUDED.summary").format(sql.Identifier(broker.schema),
+                                                  sql.Identifier(broker.schema)),
+            [run_id, queue_name, started, json.dumps(summary)])

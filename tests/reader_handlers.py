@@ -1,0 +1,67 @@
+"""Handlers for the reader and Spark reader tests (imported by reader processes too)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psycopg
+from lxml import etree
+from psycopg import sql
+
+from airflow_broker import Message
+from airflow_broker.reader import ReaderContext
+
+
+def _book(message: Message, ctx: ReaderContext) -> str:
+    doc = etree.fromstring(message.message_body or b"")  # malformed trades raise here
+    ctx.tx.run(sql.SQL(
+        "INSERT INTO public.results (message_id, conversation_handle, sequence, trade, pid)"
+        " VALUES (%s, %s, %s, %s, %s)"),
+        [message.message_id, message.conversation_handle, message.message_sequence_number,
+         doc.get("id"), os.getpid()])
+    return f'<ack trade="{doc.get("id")}"/>'
+
+
+def book_trade(message: Message, ctx: ReaderContext) -> str:
+    """Books a trade in public.results, in the reader's transaction, and acknowledges it."""
+    return _book(message, ctx)
+
+
+def book_trades(frame: Any, ctx: ReaderContext) -> list[object]:
+    """The batch form: one result per row, an exception for a trade that cannot be booked."""
+    results: list[object] = []
+    for row in frame.itertuples():
+        message = Message(row.status, row.priority, row.queuing_order,
+                          row.conversation_group_id, row.conversation_handle,
+                          row.message_sequence_number, row.service_name, row.service_id,
+                          row.service_contract_name, row.service_contract_id,
+                          row.message_type_name, row.message_type_id, row.validation,
+                          row.message_body, row.message_id, row.attempts)
+        try:
+            results.append(_book(message, ctx))
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+def flaky_until_fixed(message: Message, ctx: ReaderContext) -> str:
+    """Fails while public.handler_fixed says false."""
+    rows = ctx.tx.run(sql.SQL("SELECT fixed FROM public.handler_fixed"))
+    if not rows or not rows[0][0]:
+        raise RuntimeError("the handler has a bug")
+    return _book(message, ctx)
+
+
+def book_or_die(message: Message, ctx: ReaderContext) -> str:
+    """Books trades; on the trade marked "die-here", the first time, records its process id and
+    hangs, so the test can kill this reader in the middle of its transaction."""
+    if b"die-here" in (message.message_body or b""):
+        dsn = os.environ["AIRFLOW_BROKER_DSN"]
+        with psycopg.connect(dsn, autocommit=True) as side:
+            first = side.execute("INSERT INTO public.victim (pid) VALUES (%s)"
+                                 " ON CONFLICT DO NOTHING RETURNING pid", [os.getpid()]).fetchone()
+        if first:
+            time.sleep(300)
+    return _book(message, ctx)
