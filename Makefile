@@ -15,6 +15,10 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest
 
+# Benchmarks side by side with pgmq (about 15 minutes); BENCH_ARGS=--quick for a smoke run.
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy

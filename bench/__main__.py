@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result.scenarios))
     settings = result.data["settings"]
     print(
-        f"\n{settings['rounds']} rounds, {settings['seconds']} s per throughput measurement, "
+        f"\n{settings['rounds']} round{'s' if settings['rounds'] != 1 else ''}, "
+        f"{settings['seconds']} s per throughput measurement, "
         f"{result.data['duration_s']} s in all; medians over rounds."
         + (f" JSON: {options.json_path}" if options.json_path else "")
     )

@@ -19,9 +19,14 @@ from bench.report import Row, Scenario, Target, median, percentile
 from bench.workers import StepperTask
 
 RECEIVER, SENDER = 0, 1
-WARMUP_SAMPLES = 2
+# The first wake-up of a receiver also starts its listener and compiles the functions.
+WARMUP_SAMPLES = 1
 # The receivers give up after 5 s; a sample is abandoned a little after that.
 SAMPLE_TIMEOUT = 15.0
+# Seconds per sample allowed to one side in one round (at least MIN_BUDGET): healthy samples
+# take 20-120 ms of delay plus the wake-up, so only wake-ups that take seconds hit this bound.
+BUDGET_PER_SAMPLE = 0.5
+MIN_BUDGET = 5.0
 
 
 def _samples(env: Env, receiver: str, sender: str, params: OpParams, count: int,
@@ -32,8 +37,11 @@ def _samples(env: Env, receiver: str, sender: str, params: OpParams, count: int,
     pool.open_stepper(SENDER, StepperTask(sender, env.dsn, params))
     latencies: list[float] = []
     timeouts = 0
+    deadline = time.monotonic() + max(MIN_BUDGET, count * BUDGET_PER_SAMPLE)
     try:
         for index in range(WARMUP_SAMPLES + count):
+            if index > WARMUP_SAMPLES and time.monotonic() > deadline:
+                break
             pool.send(RECEIVER, "step")
             pool.expect(RECEIVER, "entering", SAMPLE_TIMEOUT)
             time.sleep(rng.uniform(0.02, 0.12))

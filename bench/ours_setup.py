@@ -4,7 +4,8 @@ Filling a queue through SEND costs as much as the SEND being measured, so large 
 rows SEND would write (dialog groups, both endpoints, queue messages) in a few set-based
 statements. They follow sql/migrations/V001 and send() in sql/functions/30_send.sql: after the
 first message of a dialog the target endpoint exists with its own group, both endpoints are
-CONVERSING, and the initiator's send_sequence counts the messages sent. If those change, these
+CONVERSING, the initiator's send_sequence counts the messages sent and its message0_xid names the
+transaction that delivered message 0 (sql/migrations/V002). If those change, these
 statements must follow.
 """
 
@@ -142,13 +143,14 @@ _ENDPOINTS = """
 INSERT INTO broker.endpoints (
     conversation_handle, conversation_id, is_initiator, service_contract_id,
     conversation_group_id, service_id, far_handle, far_service, lifetime, state, send_sequence,
-    created_at)
+    message0_xid, created_at)
 SELECT d.init_handle, d.conversation_id, true, %(contract)s, d.init_group, %(initiator)s,
-       d.target_handle, %(target_name)s, n.now + %(lifetime)s::interval, 'CO', %(each)s, n.now
+       d.target_handle, %(target_name)s, n.now + %(lifetime)s::interval, 'CO', %(each)s,
+       pg_current_xact_id(), n.now
   FROM bench_new_dialogs d CROSS JOIN (SELECT broker.utc_now() AS now) n
 UNION ALL
 SELECT d.target_handle, d.conversation_id, false, %(contract)s, d.target_group, %(target)s,
-       d.init_handle, %(initiator_name)s, n.now + %(lifetime)s::interval, 'CO', 0, n.now
+       d.init_handle, %(initiator_name)s, n.now + %(lifetime)s::interval, 'CO', 0, NULL, n.now
   FROM bench_new_dialogs d CROSS JOIN (SELECT broker.utc_now() AS now) n
 """
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from bench.harness import Env
 from bench.ops import OpParams
-from bench.report import median
 from bench.workers import Measurement
 
 # A throughput loop stops after its time or this many transactions, whichever comes first.
@@ -67,7 +66,3 @@ class Fill:
         if measured.exhausted and self.size < self.cap:
             wanted = measured.rate * seconds * 1.5 if measured.elapsed > 0 else self.size * 2
             self.size = min(self.cap, max(self.size * 2, int(wanted)))
-
-
-def medians(rates: dict[str, list[float]], key: str) -> float | None:
-    return median(rates[key])

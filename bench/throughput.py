@@ -23,11 +23,9 @@ def _pgmq_table(queue: str) -> str:
     return f"pgmq.q_{queue}"
 
 
-def send_one(env: Env, *, bare: bool) -> list[Scenario]:
-    """a: SEND one message per transaction vs pgmq.send; f: the same SEND vs a bare INSERT."""
+def _empty_queues(env: Env) -> tuple[Callable[[], int], Callable[[], int]]:
+    """Readies the send queues, ours and pgmq's: empty, vacuumed; returns the time budget."""
     target = env.catalog.targets["send"]
-    # One open dialog per producer, begun once and reused.
-    handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 2))
     budget = time_budget(env.options.seconds)
 
     def ours_ready() -> int:
@@ -40,6 +38,17 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
         pgmq_peer.purge(env.admin, target.queue)
         env.settle([_pgmq_table(target.queue)])
         return budget
+
+    return ours_ready, pgmq_ready
+
+
+def send_one(env: Env, *, bare: bool) -> list[Scenario]:
+    """a: SEND one message per transaction vs pgmq.send; f: the same SEND vs a bare INSERT."""
+    target = env.catalog.targets["send"]
+    # One open dialog per producer, begun once and reused.
+    handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 2))
+    budget = time_budget(env.options.seconds)
+    ours_ready, pgmq_ready = _empty_queues(env)
 
     def bare_ready() -> int:
         env.admin.execute(f"DELETE FROM {BARE_TABLE}")
@@ -86,19 +95,7 @@ def send_batch(env: Env) -> Scenario:
     """b: 100 SENDs in one transaction (pipelined) vs one pgmq.send_batch of 100."""
     target = env.catalog.targets["send"]
     handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 1))
-    budget = time_budget(env.options.seconds)
-
-    def ours_ready() -> int:
-        with env.transaction() as conn:
-            ours_setup.purge(conn, target)
-        env.settle(OUR_TABLES)
-        return budget
-
-    def pgmq_ready() -> int:
-        pgmq_peer.purge(env.admin, target.queue)
-        env.settle([_pgmq_table(target.queue)])
-        return budget
-
+    ours_ready, pgmq_ready = _empty_queues(env)
     rates = alternate(env, "b", [
         Contender("ours", "ours 100 x SEND in 1 tx", "ours.send_batch", 1,
                   OpParams(target.queue, handles, batch=100), ours_ready),
@@ -188,7 +185,7 @@ def receive_one(env: Env) -> Scenario:
 def receive_batch(env: Env) -> Scenario:
     """d: RECEIVE TOP(100) + commit vs pgmq read 100 + delete of the array of ids."""
     contenders = _receive_contenders(
-        env, "recv100", 100, 40_000, 2_000_000, 1,
+        env, "recv100", 100, 30_000, 2_000_000, 1,
         [("read", "pgmq read(100)+delete", "pgmq.read_delete")],
     )
     rates = alternate(env, "d", contenders)
