@@ -127,9 +127,12 @@ class WakeUps:
             self._register(conn, listening, registered, waiter_id, queue_id)
         while not self._stopping.is_set():
             self._drain_commands(conn, listening, registered)
-            for notify in conn.notifies(timeout=0.05, stop_after=64):
-                self._wake_channel(notify.channel)
-                self._drain_commands(conn, listening, registered)
+            # The notifies() generator holds the connection's lock while it is suspended, so
+            # nothing else may run on the connection until it has returned: wake the waiters
+            # only after it has.
+            channels = [n.channel for n in conn.notifies(timeout=0.05, stop_after=1)]
+            for channel in channels:
+                self._wake_channel(channel)
 
     def _drain_commands(
         self,

@@ -375,3 +375,43 @@ def test_waiter_thread_safety_many_waiters(app: App) -> None:
         for f in futures:
             f.result(timeout=60)
     assert sorted(results) == sorted(f"m{i}" for i in range(6))
+
+
+def test_listener_keeps_serving_waiters_under_a_stream_of_wake_ups(app: App) -> None:
+    """Waiters keep registering and unregistering (through the Broker's listener connection)
+    while notifications stream in. A listener that ran a statement while psycopg's notifies()
+    generator held its connection stopped serving for good; every waiter after that fell back
+    to polling and tasks_waiting stayed wrong."""
+    handle = app.dialog()
+    received: list[str] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            with app.broker.transaction() as tx:
+                batch = tx.receive("q_t", 1, waitfor=True, timeout=2)
+            with lock:
+                received.extend(m.text() or "" for m in batch)
+
+    with ThreadPoolExecutor(3) as pool:
+        readers = [pool.submit(reader) for _ in range(3)]
+        for i in range(150):
+            send(app.broker, handle, f"m{i}")
+            time.sleep(0.005)
+        wait_until(lambda: len(received) == 150, "every message to be received")
+        # The listener still serves: a new waiter is registered, and is woken.
+        done.set()
+        for r in readers:
+            r.result(timeout=60)
+    with ThreadPoolExecutor(1) as pool:
+        def one_more() -> list[Message]:
+            with app.broker.transaction() as tx:
+                return tx.receive("q_t", waitfor=True, timeout=60)
+
+        future = pool.submit(one_more)
+        wait_until(lambda: count(app.broker, "SELECT count(*) FROM broker.queue_waiters") == 1,
+                   "the listener to register a new waiter", limit=4)
+        send(app.broker, handle, "last")
+        assert [m.text() for m in future.result(timeout=60)] == ["last"]
+    assert sorted(received) == sorted(f"m{i}" for i in range(150))
