@@ -99,6 +99,12 @@ def _quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _enable_queue(args: argparse.Namespace) -> int:
+    from airflow_broker.queue_admin import run_enable_queue
+
+    return run_enable_queue(args)
+
+
 def _server(args: argparse.Namespace) -> int:
     server = EmbeddedPostgres(args.data_dir, keep_running=args.action == "start")
     if args.action == "stop":
@@ -164,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
                                  "every open one (of --queue)")
     quarantine.add_argument("--json", action="store_true")
     quarantine.set_defaults(run=_quarantine)
+
+    enable_queue = commands.add_parser(
+        "enable-queue", help="enable a queue again (ALTER QUEUE ... STATUS = ON) once the "
+                             "cause of a poison-message disable is fixed")
+    connection_options(enable_queue)
+    enable_queue.add_argument("queue", help="queue name (or schema.name)")
+    enable_queue.set_defaults(run=_enable_queue)
 
     demo = commands.add_parser("demo", help="run the stock-trade demo")
     demo.add_argument("--dsn", help="PostgreSQL DSN (default: the embedded PostgreSQL)")

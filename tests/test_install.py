@@ -84,7 +84,7 @@ def test_wheel_maps_airflow_folders_into_the_package(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"airflow_broker", wheel.name.split("-py3")[0] + ".dist-info"}
-    for package in ("hooks", "operators", "sensors"):
+    for package in ("hooks", "operators", "sensors", "triggers", "notifications"):
         assert f"airflow_broker/{package}/__init__.py" in names
     shipped_sql = {n.rsplit("/", 1)[1] for n in names if n.endswith(".sql")}
     assert shipped_sql == {f.name for f in migrations()} | {f.name for f in functions()}

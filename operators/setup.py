@@ -1,0 +1,295 @@
+"""Declarative broker setup: message types, XML schema collections, contracts, queues,
+services and event notifications from a dict or YAML, applied idempotently.
+
+Objects that exist and match are left alone; queues and services that differ are altered;
+message types are altered; event notifications are dropped and created again. Contracts and
+XML schema collections cannot be altered (SQL Server has no ALTER CONTRACT either), so a
+difference there is an error that names the object. Everything happens in one transaction.
+
+Spec::
+
+    message_types:
+      - {name: //Trading/TradeEntry, validation: WELL_FORMED_XML}
+    contracts:
+      - name: //Trading/TradeContract
+        message_types: {//Trading/TradeEntry: INITIATOR, //Trading/TradeAck: TARGET}
+    queues:
+      - {name: TraderQueue, retention: false, poison_threshold: 5}
+    services:
+      - {name: //Trading/TraderService, queue_name: TraderQueue, contracts: []}
+    event_notifications:
+      - {name: alerts, queue_name: TraderQueue, events: [BROKER_QUEUE_DISABLED],
+         service_name: //Alerts/Service}
+
+Each section may also be a mapping from name to settings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from psycopg import sql
+
+from airflow_broker import Transaction
+from airflow_broker.errors import BrokerError
+
+SECTIONS = ("xml_schema_collections", "message_types", "contracts", "queues", "services",
+            "event_notifications")
+VALIDATIONS = ("NONE", "EMPTY", "WELL_FORMED_XML", "VALID_XML")
+DIRECTIONS = ("INITIATOR", "TARGET", "ANY")
+QUEUE_SETTINGS = ("status", "retention", "activation_status", "activation_procedure",
+                  "max_queue_readers", "execute_as", "poison_message_handling")
+QUEUE_TUNING = ("poison_threshold", "activation_min_readers", "activation_ramp_interval")
+
+
+class SpecError(ValueError):
+    """The spec is malformed, or asks for a change the broker cannot make."""
+
+
+@dataclass
+class SetupReport:
+    created: list[str] = field(default_factory=list)
+    altered: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"created": self.created, "altered": self.altered, "unchanged": self.unchanged}
+
+
+def load_spec(spec: Mapping[str, Any] | str | None) -> dict[str, list[dict[str, Any]]]:
+    """The spec as lists of objects per section; a string is YAML text."""
+    if spec is None:
+        return {s: [] for s in SECTIONS}
+    raw: Any = yaml.safe_load(spec) if isinstance(spec, str) else spec
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise SpecError("a broker spec is a mapping of sections")
+    unknown = set(raw) - set(SECTIONS)
+    if unknown:
+        raise SpecError(f"unknown section(s) {sorted(unknown)}; known: {list(SECTIONS)}")
+    result: dict[str, list[dict[str, Any]]] = {}
+    for section in SECTIONS:
+        entries = raw.get(section) or []
+        if isinstance(entries, Mapping):
+            entries = [{"name": name, **(settings or {})} for name, settings in entries.items()]
+        if not isinstance(entries, list):
+            raise SpecError(f"section {section!r} must be a list or a mapping")
+        for entry in entries:
+            if not isinstance(entry, Mapping) or not entry.get("name"):
+                raise SpecError(f"every entry of {section!r} needs a name: {entry!r}")
+        result[section] = [dict(e) for e in entries]
+    return result
+
+
+class _Catalog:
+    """What the broker already holds, read in the setup transaction."""
+
+    def __init__(self, tx: Transaction) -> None:
+        self.tx = tx
+        self.schema = sql.Identifier(tx.schema)
+
+    def rows(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.tx.run(sql.SQL(query).format(schema=self.schema), params or [])
+
+    def xml_collection(self, name: str) -> list[str] | None:
+        rows = self.rows("SELECT schemas FROM {schema}.xml_schema_collections WHERE name = %s",
+                         [name])
+        return list(rows[0][0]) if rows else None
+
+    def message_type(self, name: str) -> tuple[str, str | None] | None:
+        rows = self.rows(
+            "SELECT t.validation_kind, c.name FROM {schema}.message_types t"
+            " LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)"
+            " WHERE t.name = %s", [name])
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def contract(self, name: str) -> dict[str, str] | None:
+        found = self.rows("SELECT service_contract_id FROM {schema}.contracts WHERE name = %s",
+                          [name])
+        if not found:
+            return None
+        usages = self.rows(
+            "SELECT t.name, u.is_sent_by_initiator, u.is_sent_by_target"
+            " FROM {schema}.contract_message_usages u"
+            " JOIN {schema}.message_types t USING (message_type_id)"
+            " WHERE u.service_contract_id = %s", [found[0][0]])
+        return {t: ("ANY" if i and g else "INITIATOR" if i else "TARGET") for t, i, g in usages}
+
+    def queue(self, name: str) -> dict[str, Any] | None:
+        rows = self.rows(
+            "SELECT is_receive_enabled, is_retention_enabled, is_activation_enabled,"
+            " activation_procedure, max_readers, execute_as,"
+            " is_poison_message_handling_enabled, poison_threshold, activation_min_readers,"
+            " activation_ramp_interval, schema_name"
+            " FROM {schema}.queues WHERE name = %s OR schema_name || '.' || name = %s",
+            [name, name])
+        if not rows:
+            return None
+        keys = ("status", "retention", "activation_status", "activation_procedure",
+                "max_queue_readers", "execute_as", "poison_message_handling",
+                "poison_threshold", "activation_min_readers", "activation_ramp_interval",
+                "schema")
+        return dict(zip(keys, rows[0], strict=True))
+
+    def queue_id(self, name: str) -> int | None:
+        rows = self.rows("SELECT object_id FROM {schema}.find_queue(%s)", [name])
+        return rows[0][0] if rows else None
+
+    def service(self, name: str) -> tuple[int, set[str]] | None:
+        rows = self.rows("SELECT service_id, service_queue_id FROM {schema}.service_defs"
+                         " WHERE name = %s", [name])
+        if not rows:
+            return None
+        contracts = self.rows(
+            "SELECT c.name FROM {schema}.service_def_contracts u"
+            " JOIN {schema}.contracts c USING (service_contract_id) WHERE u.service_id = %s",
+            [rows[0][0]])
+        return rows[0][1], {c for (c,) in contracts}
+
+    def event_notification(self, name: str, queue_name: str) -> tuple[set[str], str, str] | None:
+        rows = self.rows(
+            "SELECT n.event_types, n.service_name, n.broker_instance"
+            " FROM {schema}.event_notifications n"
+            " JOIN {schema}.queues q ON q.object_id = n.parent_id"
+            " WHERE n.name = %s AND (q.name = %s OR q.schema_name || '.' || q.name = %s)",
+            [name, queue_name, queue_name])
+        if not rows:
+            return None
+        return {e.upper() for e in rows[0][0]}, rows[0][1], rows[0][2]
+
+
+def _interval(value: Any) -> dt.timedelta | None:
+    if value is None or isinstance(value, dt.timedelta):
+        return value
+    return dt.timedelta(seconds=float(value))
+
+
+def apply_spec(tx: Transaction, spec: Mapping[str, Any] | str | None) -> SetupReport:
+    """Creates or updates what ``spec`` declares, in ``tx``; returns what it did."""
+    objects = load_spec(spec)
+    catalog = _Catalog(tx)
+    report = SetupReport()
+
+    for entry in objects["xml_schema_collections"]:
+        name, schemas = entry["name"], [str(s) for s in entry.get("schemas") or []]
+        label = f"xml schema collection {name}"
+        existing = catalog.xml_collection(name)
+        if existing is None:
+            tx.create_xml_schema_collection(name, schemas)
+            report.created.append(label)
+        elif existing != schemas:
+            raise SpecError(f"{label} exists with other schemas; it cannot be altered "
+                            "(drop it, or give the new version another name)")
+        else:
+            report.unchanged.append(label)
+
+    for entry in objects["message_types"]:
+        name = entry["name"]
+        validation = str(entry.get("validation", "NONE")).upper()
+        collection = entry.get("schema_collection")
+        if validation not in VALIDATIONS:
+            raise SpecError(f"message type {name}: validation must be one of {VALIDATIONS}")
+        label = f"message type {name}"
+        found = catalog.message_type(name)
+        if found is None:
+            tx.create_message_type(name, validation, schema_collection=collection)
+            report.created.append(label)
+        elif found != (validation, collection):
+            tx.alter_message_type(name, validation, schema_collection=collection)
+            report.altered.append(label)
+        else:
+            report.unchanged.append(label)
+
+    for entry in objects["contracts"]:
+        name = entry["name"]
+        usages = entry.get("message_types") or {}
+        if not isinstance(usages, Mapping):
+            raise SpecError(f"contract {name}: message_types maps each type to "
+                            f"one of {DIRECTIONS}")
+        wanted = {str(t): str(d).upper() for t, d in usages.items()}
+        if any(d not in DIRECTIONS for d in wanted.values()):
+            raise SpecError(f"contract {name}: every direction must be one of {DIRECTIONS}")
+        label = f"contract {name}"
+        found_usages = catalog.contract(name)
+        if found_usages is None:
+            tx.create_contract(name, wanted)
+            report.created.append(label)
+        elif found_usages != wanted:
+            raise SpecError(f"{label} exists with other message types ({found_usages}); "
+                            "contracts cannot be altered: drop it or use a new name")
+        else:
+            report.unchanged.append(label)
+
+    for entry in objects["queues"]:
+        name = entry["name"]
+        label = f"queue {name}"
+        settings = {k: entry[k] for k in QUEUE_SETTINGS if k in entry}
+        tuning = {k: entry[k] for k in QUEUE_TUNING if k in entry}
+        if "activation_ramp_interval" in tuning:
+            tuning["activation_ramp_interval"] = _interval(tuning["activation_ramp_interval"])
+        current = catalog.queue(name)
+        if current is None:
+            tx.create_queue(name, schema=str(entry.get("schema", "public")), **settings)
+            if tuning:
+                tx.tune_queue(name, **tuning)
+            report.created.append(label)
+            continue
+        changed = {k: v for k, v in settings.items() if current[k] != v}
+        changed_tuning = {k: v for k, v in tuning.items() if current[k] != v}
+        if changed:
+            tx.alter_queue(name, **changed)
+        if changed_tuning:
+            tx.tune_queue(name, **changed_tuning)
+        (report.altered if changed or changed_tuning else report.unchanged).append(label)
+
+    for entry in objects["services"]:
+        name = entry["name"]
+        queue_name = entry.get("queue_name")
+        if not queue_name:
+            raise SpecError(f"service {name} needs a queue_name")
+        contracts = [str(c) for c in entry.get("contracts") or []]
+        label = f"service {name}"
+        found_service = catalog.service(name)
+        if found_service is None:
+            tx.create_service(name, queue_name, contracts)
+            report.created.append(label)
+            continue
+        current_queue_id, current_contracts = found_service
+        queue_change = (None if catalog.queue_id(queue_name) == current_queue_id
+                        else queue_name)
+        add = [c for c in contracts if c not in current_contracts]
+        drop = sorted(current_contracts - set(contracts))
+        if queue_change is not None or add or drop:
+            tx.alter_service(name, queue_name=queue_change, add_contracts=add,
+                             drop_contracts=drop)
+            report.altered.append(label)
+        else:
+            report.unchanged.append(label)
+
+    for entry in objects["event_notifications"]:
+        name = entry["name"]
+        queue_name = entry.get("queue_name")
+        service_name = entry.get("service_name")
+        if not queue_name or not service_name:
+            raise SpecError(f"event notification {name} needs queue_name and service_name")
+        events = [str(e).upper() for e in entry.get("events") or ["BROKER_QUEUE_DISABLED"]]
+        instance = str(entry.get("broker_instance", "current database"))
+        label = f"event notification {name} on {queue_name}"
+        found_notification = catalog.event_notification(name, queue_name)
+        if found_notification == (set(events), service_name, instance):
+            report.unchanged.append(label)
+            continue
+        if found_notification is not None:
+            tx.drop_event_notification(name, queue_name)
+        tx.create_event_notification(name, queue_name, events, service_name, instance)
+        (report.altered if found_notification is not None else report.created).append(label)
+
+    return report
+
+
+__all__ = ["BrokerError", "SetupReport", "SpecError", "apply_spec", "load_spec"]

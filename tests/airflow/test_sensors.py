@@ -1,0 +1,55 @@
+"""WaitForReceiveSensor and QueueDisabledSensor through dag.test(): they defer (their trigger
+registers as a WAITFOR waiter) and resume when messages arrive."""
+
+from __future__ import annotations
+
+import psycopg
+
+from tests.airflow.conftest import Background, RunDag, task_states, wait_for, waiters, xcom
+from tests.airflow.helpers import poison, stock_trade_spec
+from tests.airflow.provider import QueueDisabledSensor, apply_spec
+from tests.conftest import App
+
+
+def test_waitfor_defers_then_receives_into_the_inbox(run_dag: RunDag, app: App,
+                                                     broker_conn: str) -> None:
+    def send_once_waiting() -> None:
+        wait_for(lambda: waiters(broker_conn, "q_t") > 0, "the deferred sensor's WAITFOR")
+        with app.broker.transaction() as tx:
+            handle = tx.begin_dialog("I", "T", "C")
+            tx.send(handle, "Req", "one")
+            tx.send(handle, "Req", "two")
+
+    sender = Background(send_once_waiting)
+    sender.start()
+    dag_run = run_dag("t_wait")
+    sender.join()
+    assert task_states(dag_run) == {"ready": "success", "received": "success", "use": "success"}
+    ready = xcom(dag_run, "ready")
+    assert ready["queue_name"] == "q_t"
+    assert [m["message_type_name"] for m in ready["messages"]] == ["Req", "Req"]
+    received = xcom(dag_run, "received")
+    assert [m["body"] for m in received] == ["one", "two"]
+    assert xcom(dag_run, "use") == ["one", "two"]
+    with psycopg.connect(broker_conn) as conn:
+        inbox = conn.execute("SELECT count(*) FROM broker.airflow_inbox").fetchone()
+        replies = conn.execute("SELECT count(*) FROM q_i").fetchone()
+    assert inbox == (0,)  # consumed downstream, in the transaction that replied
+    assert replies == (2,)
+    assert waiters(broker_conn, "q_t") == 0
+
+
+def test_sensors_poke_and_time_out(run_dag: RunDag, app: App, broker_conn: str) -> None:
+    notifications = QueueDisabledSensor(task_id="s", queue_names=["BrokerageQueue"])
+    with app.broker.transaction() as tx:
+        apply_spec(tx, stock_trade_spec())
+        apply_spec(tx, notifications.notification_spec())
+        handle = tx.begin_dialog("I", "T", "C")
+        tx.send(handle, "Req", "waiting already")
+    poison(app.broker)
+
+    dag_run = run_dag("t_poke")
+    assert task_states(dag_run) == {"poke_receive": "success", "poke_disabled": "success",
+                                    "times_out": "skipped"}
+    assert [m["body"] for m in xcom(dag_run, "poke_receive")] == ["waiting already"]
+    assert xcom(dag_run, "poke_disabled")["queue_name"] == "BrokerageQueue"
