@@ -81,6 +81,20 @@ class ConversationStatements(StatementRunner):
         )
         self._send("send", handles, message_type, body)
 
+    def send_many(self, conversation_handle: uuid.UUID, message_type: str,
+                  bodies: Sequence[Body]) -> None:
+        """Several SENDs of one message type on one conversation, in order, in one round trip
+        (and, when nothing needs a decision per message, one INSERT)."""
+        data = [body_bytes(b) for b in bodies]
+        if not data:
+            return
+        info = self.broker.message_type_info(self, message_type)
+        checked_as = info.checked_as if info is not None else None
+        problems = [verdict(info, d) if info is not None and checked_as and d else None
+                    for d in data]
+        q = self.function("send_many", 5, ["uuid", "text", "bytea[]", "text", "text[]"])
+        self.run(q, [conversation_handle, message_type, data, checked_as, problems])
+
     def send_if_open(self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT",
                      body: Body = None) -> bool:
         """SEND, unless the peer has already ended the conversation (the endpoint is no longer

@@ -268,3 +268,39 @@ def test_retention_keeps_sent_copies(app: App) -> None:
     assert kept == [(3, b"kept")]
     with app.broker.transaction() as tx:
         assert tx.receive("q_i") == []  # a sent copy is never received
+
+
+def test_send_many_numbers_and_delivers_in_order(app: App) -> None:
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(handle, "Req", "before")
+        tx.send_many(handle, "Req", [f"batch {i}" for i in range(250)] + [None, b""])
+        tx.send(handle, "Req", "after")
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t")
+    assert [m.message_sequence_number for m in received] == list(range(254))
+    assert [m.text() for m in received] == (
+        ["before"] + [f"batch {i}" for i in range(250)] + [None, None, "after"])
+    assert endpoint(app.broker, handle)["send_sequence"] == 254  # type: ignore[index]
+
+
+def test_send_many_takes_the_careful_path_when_it_must(app: App) -> None:
+    # Message 0 creates the target; then the target queue is disabled, so the rest wait in
+    # the transmission queue, in order.
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send_many(handle, "Req", ["first", "second"])
+        tx.alter_queue("q_t", status=False)
+        tx.send_many(handle, "Req", ["third", "fourth", "fifth"])
+    assert count(app.broker, "SELECT count(*) FROM broker.transmission_queue") == 3
+    with app.broker.transaction() as tx:
+        tx.alter_queue("q_t", status=True)
+    with app.broker.transaction() as tx:
+        assert [m.text() for m in tx.receive("q_t")] == [
+            "first", "second", "third", "fourth", "fifth"]
+    # Checks apply to the batch as a whole: a wrong type changes nothing.
+    before = snapshot(app.broker)
+    with pytest.raises(BrokerError) as exc, app.broker.transaction() as tx:
+        tx.send_many(handle, "Resp", ["x", "y"])
+    assert exc.value.number == 8432
+    assert snapshot(app.broker) == before

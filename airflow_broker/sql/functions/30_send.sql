@@ -174,7 +174,7 @@ RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_type message_types;
     v_body bytea := nullif(p_body, '\x'::bytea);
-    v_found integer := 0;
+    v_handle uuid;
     e record;
     v_seq bigint;
     v_missing uuid;
@@ -202,7 +202,10 @@ BEGIN
     -- The target's verdict on the body does not depend on which conversation carries it.
     v_reject := body_rejection(v_type, v_body, p_checked_as, p_xml_error);
 
-    FOR e IN
+    -- One handle at a time, in handle order (so concurrent multi-conversation SENDs cannot
+    -- deadlock), each looked up with "= handle": a lookup PostgreSQL keeps one cached plan for,
+    -- where "= ANY(array)" is planned again on every call.
+    FOR v_handle IN SELECT DISTINCT h FROM unnest(p_handles) h ORDER BY h LOOP
         SELECT ce.conversation_handle, ce.conversation_id, ce.is_initiator, ce.state,
                ce.service_contract_id, ce.conversation_group_id, ce.service_id, ce.far_handle,
                ce.far_service, ce.lifetime, ce.send_sequence, ce.priority,
@@ -210,6 +213,7 @@ BEGIN
                q.name AS queue_name, q.is_enqueue_enabled, q.is_retention_enabled,
                u.message_type_id IS NOT NULL AS in_contract,
                u.is_sent_by_initiator, u.is_sent_by_target
+          INTO e
           FROM endpoints ce
           JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
           JOIN service_defs s ON s.service_id = ce.service_id
@@ -217,11 +221,11 @@ BEGIN
           LEFT JOIN contract_message_usages u
                  ON u.service_contract_id = ce.service_contract_id
                 AND u.message_type_id = v_type.message_type_id
-         WHERE ce.conversation_handle = ANY (p_handles)
-         ORDER BY ce.conversation_handle
-           FOR NO KEY UPDATE OF ce, g
-    LOOP
-        v_found := v_found + 1;
+         WHERE ce.conversation_handle = v_handle
+           FOR NO KEY UPDATE OF ce, g;
+        IF NOT FOUND THEN
+            PERFORM raise_error(8426, v_handle::text);
+        END IF;
         IF e.state NOT IN ('SO', 'CO') THEN
             PERFORM raise_error(8429, e.state);
         END IF;
@@ -277,13 +281,6 @@ BEGIN
                state = CASE WHEN state = 'SO' AND NOT v_rejected THEN 'CO' ELSE state END
          WHERE conversation_handle = e.conversation_handle;
     END LOOP;
-
-    IF v_found < cardinality(p_handles) THEN
-        SELECT h INTO v_missing FROM unnest(p_handles) h
-         WHERE NOT EXISTS (SELECT 1 FROM endpoints WHERE conversation_handle = h)
-         LIMIT 1;
-        PERFORM raise_error(8426, v_missing::text);
-    END IF;
 END
 $$;
 
@@ -315,5 +312,72 @@ BEGIN
     PERFORM send(ARRAY[p_handle], p_message_type, p_body, p_body_omitted, p_checked_as,
                  p_xml_error);
     RETURN true;
+END
+$$;
+
+-- Several messages of one type on one conversation in one call (a batch of SENDs): the first
+-- goes through send() with every check; the rest, when nothing about them needs a decision
+-- per message, go on the peer's queue in one INSERT with consecutive sequence numbers.
+CREATE OR REPLACE FUNCTION send_many(p_handle uuid, p_message_type text, p_bodies bytea[],
+                                     p_checked_as text, p_xml_errors text[])
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_count integer := coalesce(cardinality(p_bodies), 0);
+    v_type message_types;
+    e record;
+    v_fast boolean;
+BEGIN
+    IF v_count = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM send(ARRAY[p_handle], p_message_type, p_bodies[1], p_bodies[1] IS NULL,
+                 p_checked_as, p_xml_errors[1]);
+    IF v_count = 1 THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v_type FROM message_types WHERE name = p_message_type;
+    SELECT ce.send_sequence, ce.priority, ce.service_contract_id, ce.state,
+           p.conversation_handle AS peer_handle, p.conversation_group_id AS peer_group,
+           p.service_id AS peer_service, ps.service_queue_id AS peer_queue,
+           pq.is_enqueue_enabled AS peer_enabled, oq.is_retention_enabled AS retention
+      INTO e
+      FROM endpoints ce
+      JOIN service_defs os ON os.service_id = ce.service_id
+      JOIN queues oq ON oq.object_id = os.service_queue_id
+      LEFT JOIN endpoints p ON p.conversation_handle = ce.far_handle
+                           AND p.state NOT IN ('DO', 'CD')
+      LEFT JOIN service_defs ps ON ps.service_id = p.service_id
+      LEFT JOIN queues pq ON pq.object_id = ps.service_queue_id
+     WHERE ce.conversation_handle = p_handle;
+    v_fast := e.state = 'CO' AND e.peer_handle IS NOT NULL AND e.peer_enabled
+              AND NOT e.retention
+              AND NOT EXISTS (SELECT 1 FROM transmissions WHERE conversation_handle = p_handle)
+              AND (v_type.validation_kind = 'NONE'
+                   OR (v_type.validation_kind = 'EMPTY'
+                       AND NOT EXISTS (SELECT 1 FROM unnest(p_bodies[2:]) b
+                                        WHERE nullif(b, '\x'::bytea) IS NOT NULL))
+                   OR (p_checked_as IS NOT DISTINCT FROM
+                           v_type.validation_kind || CASE WHEN v_type.validation_kind = 'VALID_XML'
+                               THEN ':' || v_type.xml_collection_id ELSE '' END
+                       AND NOT EXISTS (SELECT 1 FROM unnest(p_xml_errors[2:]) x
+                                        WHERE x IS NOT NULL)));
+    IF NOT v_fast THEN
+        FOR i IN 2 .. v_count LOOP
+            PERFORM send(ARRAY[p_handle], p_message_type, p_bodies[i], p_bodies[i] IS NULL,
+                         p_checked_as, p_xml_errors[i]);
+        END LOOP;
+        RETURN;
+    END IF;
+    INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
+                                message_sequence_number, precedence, service_id,
+                                service_contract_id, message_type_id, message_body, message_id,
+                                enqueued_at)
+    SELECT e.peer_queue, e.priority, e.peer_group, e.peer_handle,
+           e.send_sequence + x.ord - 1, 2, e.peer_service, e.service_contract_id,
+           v_type.message_type_id, nullif(x.body, '\x'::bytea), gen_random_uuid(), utc_now()
+      FROM unnest(p_bodies[2:]) WITH ORDINALITY AS x(body, ord);
+    UPDATE endpoints SET send_sequence = send_sequence + v_count - 1
+     WHERE conversation_handle = p_handle;
+    PERFORM wake_waiters(e.peer_queue);
 END
 $$;
