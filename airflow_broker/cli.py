@@ -22,9 +22,14 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if not args.engine_only:
+        from airflow_broker.airflow_demo import run_demo as run_airflow_demo
+
+        return run_airflow_demo(args.dsn, accounts=args.accounts or 100,
+                                trades_per_account=args.trades or 30)
     from airflow_broker.demo import run_demo
 
-    result = run_demo(args.dsn, accounts=args.accounts, trades_per_account=args.trades)
+    result = run_demo(args.dsn, accounts=args.accounts or 40, trades_per_account=args.trades or 25)
     ok = (result.booked + 1 == result.sent and result.acknowledged == result.booked
           and result.booked_in_order and len(result.errors) == 1 and result.endpoints_left == 0)
     return 0 if ok else 1
@@ -178,10 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     enable_queue.add_argument("queue", help="queue name (or schema.name)")
     enable_queue.set_defaults(run=_enable_queue)
 
-    demo = commands.add_parser("demo", help="run the stock-trade demo")
+    demo = commands.add_parser(
+        "demo", help="run the stock-trade demo through Airflow and Spark readers")
     demo.add_argument("--dsn", help="PostgreSQL DSN (default: the embedded PostgreSQL)")
-    demo.add_argument("--accounts", type=int, default=40, help="dialogs (one per account)")
-    demo.add_argument("--trades", type=int, default=25, help="trades per account")
+    demo.add_argument("--accounts", type=int, default=None,
+                      help="dialogs, one per account (default 100; 40 with --engine-only)")
+    demo.add_argument("--trades", type=int, default=None,
+                      help="trades per account (default 30; 25 with --engine-only)")
+    demo.add_argument("--engine-only", action="store_true",
+                      help="the engine alone, without Airflow and Spark (a few seconds)")
     demo.set_defaults(run=_demo)
 
     server = commands.add_parser(

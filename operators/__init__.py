@@ -10,14 +10,17 @@ from .broker import (
     ReceiveMessagesOperator,
     SendMessageOperator,
 )
+from .spark import ActivatedReaderOperator, QuarantineOperator
 
 __all__ = [
     "AckMessagesOperator",
+    "ActivatedReaderOperator",
     "BeginConversationTimerOperator",
     "BeginDialogOperator",
     "BrokerSetupOperator",
     "EnableQueueOperator",
     "EndConversationOperator",
+    "QuarantineOperator",
     "ReceiveMessagesOperator",
     "SendMessageOperator",
 ]

@@ -28,7 +28,8 @@ def test_demo_books_every_trade_once_in_order(
 
 def test_demo_command_is_repeatable(dsn: str) -> None:
     for _ in range(2):
-        assert main(["demo", "--dsn", dsn, "--accounts", "3", "--trades", "2"]) == 0
+        assert main(["demo", "--engine-only", "--dsn", dsn, "--accounts", "3",
+                     "--trades", "2"]) == 0
 
 
 def test_install_command(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
