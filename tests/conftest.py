@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -88,33 +89,35 @@ def template_dsn(server_dsn: str) -> str:
     return dsn
 
 
-@pytest.fixture
-def dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
-    """A new database holding a freshly installed broker schema."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
+@contextmanager
+def fresh_database(server_dsn: str, prefix: str, template: str | None) -> Iterator[str]:
+    """A database of its own, dropped afterwards; cloned from ``template`` when given."""
+    name = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create = sql.SQL("{} TEMPLATE {}").format(create, sql.Identifier(template))
     with _admin(server_dsn) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(TEMPLATE)))
+        conn.execute(create)
     try:
         yield make_conninfo(server_dsn, dbname=name)
     finally:
         with _admin(server_dsn) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
                 sql.Identifier(name)))
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
+    """A new database holding a freshly installed broker schema."""
+    with fresh_database(server_dsn, "t", TEMPLATE) as new:
+        yield new
 
 
 @pytest.fixture
 def empty_dsn(server_dsn: str) -> Iterator[str]:
     """A new database without the broker schema."""
-    name = f"e_{uuid.uuid4().hex[:16]}"
-    with _admin(server_dsn) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(server_dsn, dbname=name)
-    finally:
-        with _admin(server_dsn) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
+    with fresh_database(server_dsn, "e", None) as new:
+        yield new
 
 
 @pytest.fixture

@@ -167,28 +167,36 @@ BEGIN
 END
 $$;
 
--- Puts a broker-generated Error on the local queue of an endpoint and moves it to ERROR, as when
--- the target rejects a message (spec 2.6, 17.2).
-CREATE OR REPLACE FUNCTION deliver_error(p_handle uuid, p_code integer, p_description text)
+-- Puts a message the broker makes for an endpoint itself (an Error, a DialogTimer) on the
+-- endpoint's own queue; these have no sequence number of their own (-1).
+CREATE OR REPLACE FUNCTION enqueue_local(p_handle uuid, p_type_id integer, p_body bytea,
+                                         p_precedence smallint)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    e record;
+    v_queue integer;
 BEGIN
-    SELECT ce.conversation_group_id, ce.service_id, ce.service_contract_id, ce.system_sequence,
-           s.service_queue_id
-      INTO e
-      FROM endpoints ce JOIN service_defs s USING (service_id)
-     WHERE ce.conversation_handle = p_handle;
     INSERT INTO queue_messages (queue_id, conversation_group_id, conversation_handle,
                                 message_sequence_number, precedence, service_id,
                                 service_contract_id, message_type_id, message_body, message_id,
                                 enqueued_at)
-    VALUES (e.service_queue_id, e.conversation_group_id, p_handle, -1, 1, e.service_id,
-            e.service_contract_id, 1, error_body(p_code, p_description), gen_random_uuid(),
-            utc_now());
+    SELECT s.service_queue_id, ce.conversation_group_id, p_handle, -1, p_precedence,
+           ce.service_id, ce.service_contract_id, p_type_id, p_body, gen_random_uuid(),
+           utc_now()
+      FROM endpoints ce JOIN service_defs s USING (service_id)
+     WHERE ce.conversation_handle = p_handle
+    RETURNING queue_id INTO v_queue;
+    PERFORM wake_waiters(v_queue);
+END
+$$;
+
+-- Puts a broker-generated Error on the local queue of an endpoint and moves it to ERROR, as when
+-- the target rejects a message (spec 2.6, 17.2).
+CREATE OR REPLACE FUNCTION deliver_error(p_handle uuid, p_code integer, p_description text)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM enqueue_local(p_handle, 1, error_body(p_code, p_description), 1::smallint);
     UPDATE endpoints
        SET state = 'ER', system_sequence = system_sequence + 1
      WHERE conversation_handle = p_handle;
-    PERFORM wake_waiters(e.service_queue_id);
 END
 $$;

@@ -12,23 +12,15 @@ DECLARE
     v_now timestamp := utc_now();
 BEGIN
     FOR e IN
-        SELECT ce.conversation_handle, ce.conversation_group_id, ce.service_id,
-               ce.service_contract_id, ce.state, s.service_queue_id
-          FROM endpoints ce JOIN service_defs s USING (service_id)
-         WHERE ce.dialog_timer > '1900-01-01' AND ce.dialog_timer <= v_now
-         ORDER BY ce.dialog_timer
+        SELECT conversation_handle, state FROM endpoints
+         WHERE dialog_timer > '1900-01-01' AND dialog_timer <= v_now
+         ORDER BY dialog_timer
          LIMIT p_limit
-           FOR NO KEY UPDATE OF ce SKIP LOCKED
+           FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         IF e.state NOT IN ('DO', 'CD') THEN
             -- DialogTimer goes to the endpoint's own queue only; it is received first.
-            INSERT INTO queue_messages (queue_id, conversation_group_id, conversation_handle,
-                                        message_sequence_number, precedence, service_id,
-                                        service_contract_id, message_type_id, message_body,
-                                        message_id, enqueued_at)
-            VALUES (e.service_queue_id, e.conversation_group_id, e.conversation_handle, -1, 0,
-                    e.service_id, e.service_contract_id, 5, NULL, gen_random_uuid(), v_now);
-            PERFORM wake_waiters(e.service_queue_id);
+            PERFORM enqueue_local(e.conversation_handle, 5, NULL, 0::smallint);
             v_count := v_count + 1;
         END IF;
         UPDATE endpoints SET dialog_timer = '1900-01-01'
