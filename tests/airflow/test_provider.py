@@ -109,7 +109,8 @@ def test_every_example_dag_imports(installed: tuple[Path, dict[str, str]]) -> No
     assert str(python.parent.parent) in result["package"]  # the wheel, not the source tree
     assert result["dags"] == sorted([
         "broker_enable_queue", "broker_maintenance", "broker_orders", "broker_orders_client",
-        "broker_orders_setup", "broker_queue_alerts", "broker_stock_trade"])
+        "broker_orders_setup", "broker_queue_alerts", "broker_spark_readers",
+        "broker_stock_trade", "broker_trading_demo"])
 
 
 def test_provider_info_matches_the_runtime_schema() -> None:
