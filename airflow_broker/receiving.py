@@ -84,12 +84,16 @@ class ReceiveStatements(StatementRunner):
         queue_id = self.broker.queue_id(self, queue_name)
         poll = self.broker.poll_interval
         with self.broker.wakeups.waiting(queue_id) as waiter:
+            # A SEND that looked for waiters just before this one was registered, and commits
+            # just after the check below, sends no NOTIFY: the first polls come quickly, so
+            # that race costs milliseconds, and the rest at the poll interval.
+            pause = 0.005
             while True:
-                # Registered before this check, so a commit after it always wakes the waiter.
                 result = attempt()
                 if found(result):
                     return result
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return empty
-                waiter.wait(poll if remaining is None else min(poll, remaining))
+                pause = min(pause * 2, poll)
+                waiter.wait(pause if remaining is None else min(pause, remaining))

@@ -40,16 +40,17 @@ class SendOne(_BrokerOp):
 
 
 class SendBatch(SendOne):
-    """``batch`` SENDs in one transaction, pipelined so the client does not wait for each."""
+    """``batch`` SENDs in one transaction, as one send_many call (the batch API, as
+    pgmq.send_batch is pgmq's)."""
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, worker, params)
         self.batch = params.batch
+        self.bodies = [self.body] * self.batch
 
     def __call__(self) -> int:
-        with self.broker.transaction() as tx, tx.conn.pipeline():
-            for _ in range(self.batch):
-                tx.send(self.handle, MESSAGE_TYPE, self.body)
+        with self.broker.transaction() as tx:
+            tx.send_many(self.handle, MESSAGE_TYPE, self.bodies)
         return self.batch
 
 

@@ -92,7 +92,7 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
 
 
 def send_batch(env: Env) -> Scenario:
-    """b: 100 SENDs in one transaction (pipelined) vs one pgmq.send_batch of 100."""
+    """b: 100 SENDs in one transaction (one send_many call) vs one pgmq.send_batch of 100."""
     target = env.catalog.targets["send"]
     handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 1))
     ours_ready, pgmq_ready = _empty_queues(env)
@@ -103,7 +103,7 @@ def send_batch(env: Env) -> Scenario:
                   OpParams(target.queue, batch=100), pgmq_ready),
     ])
     return Scenario("b", "SEND, 100 messages per transaction", rows=[Row(
-        "100 SENDs per tx (pipelined)", "msg/s", "pgmq.send_batch(100)",
+        "100 SENDs per tx (send_many)", "msg/s", "pgmq.send_batch(100)",
         median(rates["pgmq"]), median(rates["ours"]),
         target=Target("ratio_at_least", 1.0, ">= 1.0x send_batch"),
         peer_rounds=rates["pgmq"], ours_rounds=rates["ours"],
