@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -66,6 +67,10 @@ def prepare(dsn: str) -> dict[str, str]:
 def run_demo(dsn: str | None = None, *, accounts: int = 100, trades_per_account: int = 30) -> int:
     started = time.monotonic()
     say("airflow-broker demo: the stock-trade application through Airflow and Spark")
+    if shutil.which("java") is None:
+        say("Spark needs Java 17 on PATH (on Debian: apt-get install openjdk-17-jre-headless); "
+            "`airflow-broker demo --engine-only` runs without it")
+        return 1
     server = None
     if dsn is None:
         say("- starting the embedded PostgreSQL")
