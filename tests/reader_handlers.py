@@ -60,7 +60,8 @@ def book_or_die(message: Message, ctx: ReaderContext) -> str:
     if b"die-here" in (message.message_body or b""):
         dsn = os.environ["AIRFLOW_BROKER_DSN"]
         with psycopg.connect(dsn, autocommit=True) as side:
-            first = side.execute("INSERT INTO public.victim (pid) VALUES (%s)"
+            # One victim only: the reader that takes the message over must not hang too.
+            first = side.execute("INSERT INTO public.victim (only_one, pid) VALUES (1, %s)"
                                  " ON CONFLICT DO NOTHING RETURNING pid", [os.getpid()]).fetchone()
         if first:
             time.sleep(300)

@@ -49,7 +49,7 @@ def trading(app: App) -> App:
         conn.execute("CREATE TABLE public.results (message_id uuid PRIMARY KEY,"
                      " conversation_handle uuid, sequence bigint, trade text, pid integer,"
                      " booked bigserial)")
-        conn.execute("CREATE TABLE public.victim (pid integer PRIMARY KEY)")
+        conn.execute("CREATE TABLE public.victim (only_one integer PRIMARY KEY, pid integer)")
     return app
 
 
