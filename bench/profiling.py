@@ -46,8 +46,7 @@ SELECT ce.conversation_handle, ce.conversation_id, ce.is_initiator, ce.state,
   JOIN queues q ON q.object_id = s.service_queue_id
   LEFT JOIN contract_message_usages u
          ON u.service_contract_id = ce.service_contract_id AND u.message_type_id = $2
- WHERE ce.conversation_handle = ANY ($1)
- ORDER BY ce.conversation_handle
+ WHERE ce.conversation_handle = $1
    FOR NO KEY UPDATE OF ce, g"""
 SEND_PENDING = """
 SELECT transmission_status FROM transmissions
@@ -319,8 +318,8 @@ def profile_statements(
         assert group is not None
         conn.commit()
         for label, statement, params, types in (
-            ("send: endpoint + group lock (FOR loop)", SEND_LOOP,
-             [[handle], catalog.message_type_id], "uuid[], integer"),
+            ("send: endpoint + group lock, per handle", SEND_LOOP,
+             [handle, catalog.message_type_id], "uuid, integer"),
             ("send: pending transmissions", SEND_PENDING, [handle], "uuid"),
             ("deliver: far endpoint", SEND_FAR, [far[0]], "uuid"),
             ("deliver: INSERT queue_messages", SEND_INSERT,
