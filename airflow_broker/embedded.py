@@ -59,12 +59,6 @@ class EmbeddedPostgres:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
         return self.uri(database)
 
-    @property
-    def bin_dir(self) -> Path:
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-        return Path(POSTGRES_BIN_PATH)
-
     def restart(self) -> None:
         """Restarts the server (fast shutdown: open transactions roll back); clients must
         reconnect, as after any PostgreSQL restart."""

@@ -17,7 +17,6 @@ END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 DIALOG_TIMER = "http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer"
 EVENT_NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/EventNotification"
 DEFAULT = "DEFAULT"
-SYSTEM_MESSAGE_TYPES = frozenset({ERROR, END_DIALOG, DIALOG_TIMER})
 
 
 def decode_body(body: bytes | None) -> str | None:

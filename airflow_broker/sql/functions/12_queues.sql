@@ -24,6 +24,19 @@ BEGIN
 END
 $$;
 
+-- The queue a DDL statement names; 15151 when there is none.
+CREATE OR REPLACE FUNCTION existing_queue(p_name text) RETURNS queues
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := find_queue(p_name);
+BEGIN
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(15151, 'queue', coalesce(p_name, 'NULL'));
+    END IF;
+    RETURN q;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION reject_queue_dml() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
@@ -154,11 +167,8 @@ CREATE OR REPLACE FUNCTION alter_queue(
     p_drop_activation boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := find_queue(p_name);
+    q queues := existing_queue(p_name);
 BEGIN
-    IF q.object_id IS NULL THEN
-        PERFORM raise_error(15151, 'queue', p_name);
-    END IF;
     PERFORM check_activation(coalesce(p_activation_status, q.is_activation_enabled)
                                  AND NOT coalesce(p_drop_activation, false),
                              coalesce(p_max_queue_readers, q.max_readers));
@@ -205,12 +215,9 @@ $$;
 CREATE OR REPLACE FUNCTION drop_queue(p_name text)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := find_queue(p_name);
+    q queues := existing_queue(p_name);
     v_service text;
 BEGIN
-    IF q.object_id IS NULL THEN
-        PERFORM raise_error(15151, 'queue', p_name);
-    END IF;
     SELECT name INTO v_service FROM service_defs WHERE service_queue_id = q.object_id
      ORDER BY name LIMIT 1;
     IF v_service IS NOT NULL THEN
@@ -231,11 +238,8 @@ CREATE OR REPLACE FUNCTION tune_queue(p_name text, p_ramp_interval interval DEFA
                                       p_poison_threshold integer DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := find_queue(p_name);
+    q queues := existing_queue(p_name);
 BEGIN
-    IF q.object_id IS NULL THEN
-        PERFORM raise_error(15151, 'queue', p_name);
-    END IF;
     IF p_ramp_interval < interval '0' THEN
         PERFORM raise_error(50106, p_ramp_interval::text, 'the activation ramp-up interval',
                             'an interval of 0 or more');

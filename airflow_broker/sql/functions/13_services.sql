@@ -26,14 +26,12 @@ CREATE OR REPLACE FUNCTION create_service(p_name text, p_queue text,
                                           p_contracts text[] DEFAULT '{}')
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := find_queue(p_queue);
+    q queues;
     v_contract_ids integer[];
     v_id integer;
 BEGIN
     PERFORM check_name(p_name, 256);
-    IF q.object_id IS NULL THEN
-        PERFORM raise_error(15151, 'queue', coalesce(p_queue, 'NULL'));
-    END IF;
+    q := existing_queue(p_queue);
     v_contract_ids := resolve_contracts(p_contracts);
     IF EXISTS (SELECT 1 FROM service_defs WHERE name = p_name) THEN
         PERFORM raise_error(2714, p_name);
@@ -98,10 +96,7 @@ BEGIN
         PERFORM raise_error(15151, 'contract of service ' || p_name, v_name);
     END IF;
     IF p_queue IS NOT NULL THEN
-        q := find_queue(p_queue);
-        IF q.object_id IS NULL THEN
-            PERFORM raise_error(15151, 'queue', p_queue);
-        END IF;
+        q := existing_queue(p_queue);
         UPDATE service_defs SET service_queue_id = q.object_id WHERE service_id = s.service_id;
         UPDATE queue_messages SET queue_id = q.object_id
          WHERE service_id = s.service_id AND queue_id <> q.object_id;

@@ -28,15 +28,13 @@ CREATE OR REPLACE FUNCTION create_event_notification(
     p_broker_instance text DEFAULT 'current database')
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := find_queue(p_queue);
+    q queues;
     v_event text;
     v_events text[] := '{}';
     v_id integer;
 BEGIN
     PERFORM check_name(p_name);
-    IF q.object_id IS NULL THEN
-        PERFORM raise_error(15151, 'queue', coalesce(p_queue, 'NULL'));
-    END IF;
+    q := existing_queue(p_queue);
     IF p_service IS NULL THEN
         PERFORM raise_error(8421);
     END IF;
