@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(default 1000,100000,1000000; --quick: 1000,10000)")
     parser.add_argument("--drain", type=int,
                         help="messages drained in the memory scenario (1000000; --quick: 20000)")
+    parser.add_argument("--spark-messages", type=int,
+                        help="messages drained by the Spark readers and their peer "
+                        "(20000; --quick: 400)")
     parser.add_argument("--dsn", help=f"PostgreSQL to use (default: ${DSN_ENV}, else embedded); "
                         "use a database of its own: the run leaves its tables there")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON,
@@ -48,7 +51,8 @@ def options_from(args: argparse.Namespace) -> Options:
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
     chosen = {
         "rounds": args.rounds, "seconds": args.seconds, "latency_samples": args.samples,
-        "growth_sizes": sizes, "drain_messages": args.drain, "only": only, "dsn": args.dsn,
+        "growth_sizes": sizes, "drain_messages": args.drain, "spark_messages": args.spark_messages,
+        "only": only, "dsn": args.dsn,
         "json_path": args.json,
     }
     if args.quick:
@@ -73,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{result.data['duration_s']} s in all; medians over rounds."
         + (f" JSON: {options.json_path}" if options.json_path else "")
     )
-    return 0
+    failed = [s for s in result.scenarios if s.status in ("failed", "unavailable")]
+    for scenario in failed:
+        print(f"{scenario.id} {scenario.status}: {scenario.note}", file=sys.stderr)
+    return 1 if any(s.status == "failed" for s in failed) else 0
 
 
 if __name__ == "__main__":

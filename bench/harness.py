@@ -32,7 +32,11 @@ from bench.workers import LoadTask, Measurement, WorkerPool
 DSN_ENV = "AIRFLOW_BROKER_BENCH_DSN"
 SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j")
 PGMQ_QUEUES = ("bench_send", "bench_recv1", "bench_recv100", "bench_wait", "bench_growth",
-               "bench_drain")
+               "bench_drain", "bench_request", "bench_reply")
+# Where the readers of scenario j note when they handled their first and last message.
+DRAIN_MARKS = "bench.drain_marks"
+# Load processes: h runs a producer and two readers at once.
+POOL_SIZE = 3
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class Options:
     latency_samples: int = 200
     growth_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
     drain_messages: int = 1_000_000
+    # Messages drained by the Spark readers, and by their peer, in scenario j.
+    spark_messages: int = 20_000
     # A CHECKPOINT before every measurement, so none lands inside one and each starts with
     # the same full-page-write debt.
     checkpoint: bool = True
@@ -58,6 +64,7 @@ class Options:
         preset: dict[str, Any] = {
             "quick": True, "rounds": 1, "seconds": 0.2, "latency_samples": 3,
             "growth_sizes": (1_000, 10_000), "drain_messages": 20_000, "checkpoint": False,
+            "spark_messages": 400,
         }
         preset.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**preset)
@@ -102,7 +109,7 @@ class Env:
 
     def measure(
         self,
-        op: str,
+        op: str | Sequence[str],
         workers: int,
         params: OpParams,
         *,
@@ -112,8 +119,11 @@ class Env:
         record_latencies: bool = False,
         track_rss: bool = False,
     ) -> Measurement:
+        """One measurement of ``workers`` processes started together; with a sequence of ops,
+        worker ``w`` runs ``op[w]`` (different roles in one measurement)."""
         tasks = [
-            LoadTask(op=op, dsn=self.dsn, worker=w, params=params, seconds=seconds,
+            LoadTask(op=op if isinstance(op, str) else op[w], dsn=self.dsn, worker=w,
+                     params=params, seconds=seconds,
                      max_ops=max_ops, warmup_ops=warmup_ops,
                      record_latencies=record_latencies, track_rss=track_rss)
             for w in range(workers)
@@ -137,6 +147,11 @@ def prepare_database(dsn: str) -> str:
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {BARE_TABLE} (payload bytea NOT NULL)"
+        )
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {DRAIN_MARKS} (reader text PRIMARY KEY,"
+            " first_at double precision NOT NULL, last_at double precision NOT NULL,"
+            " messages bigint NOT NULL)"
         )
         for queue in PGMQ_QUEUES:
             pgmq_peer.create_queue(conn, queue)
@@ -169,22 +184,8 @@ def _environment(admin: Conn, embedded: bool) -> dict[str, Any]:
     }
 
 
-def _not_measurable(scenario: str) -> Scenario:
-    if scenario == "h":
-        return Scenario(
-            "h", "Full dialog: BEGIN, SEND, RECEIVE, END CONVERSATION on both sides",
-            status="not yet measurable",
-            note="Not built into the harness yet: END CONVERSATION arrived in the engine while "
-            "the harness was written; this scenario is the next one to add.",
-        )
-    return Scenario(
-        "j", "Spark readers", status="not yet measurable",
-        note="The Spark queue readers are not built yet.",
-    )
-
-
 def _run_scenarios(env: Env) -> list[Scenario]:
-    from bench import growth, latency, memory, throughput
+    from bench import dialogs, growth, latency, memory, spark_readers, throughput
 
     options = env.options
     done: dict[str, Scenario] = {}
@@ -199,6 +200,10 @@ def _run_scenarios(env: Env) -> list[Scenario]:
         done["d"] = throughput.receive_batch(env)
     if options.selected("e"):
         done["e"] = latency.wakeup(env)
+    if options.selected("h"):
+        done["h"] = dialogs.full_dialog(env)
+    if options.selected("j"):
+        done["j"] = spark_readers.drain(env)
     # The big fills come last, so their rows never slow the small scenarios down.
     if options.selected("i"):
         done["i"] = memory.drain(env)
@@ -206,9 +211,7 @@ def _run_scenarios(env: Env) -> list[Scenario]:
         done["g"] = growth.cost_growth(env)
     result = []
     for scenario in SCENARIOS:
-        if scenario in ("h", "j"):
-            result.append(_not_measurable(scenario))
-        elif scenario in done and options.selected(scenario):
+        if scenario in done and options.selected(scenario):
             result.append(done[scenario])
         else:
             result.append(Scenario(scenario, "", status="skipped"))
@@ -253,7 +256,7 @@ def execute(options: Options) -> RunResult:
         dsn = durable(base_dsn)
         say("installing the broker schema and pgmq")
         pgmq_sql = prepare_database(dsn)
-        pool = WorkerPool(2)
+        pool = WorkerPool(POOL_SIZE)
         try:
             with psycopg.connect(dsn, autocommit=True) as admin, Broker(dsn) as broker:
                 env = Env(options, dsn, admin, broker, setup_catalog(broker), pool)
@@ -271,6 +274,7 @@ def execute(options: Options) -> RunResult:
             "latency_samples": options.latency_samples,
             "growth_sizes": list(options.growth_sizes),
             "drain_messages": options.drain_messages, "checkpoint": options.checkpoint,
+            "spark_messages": options.spark_messages,
             "only": sorted(options.only) if options.only else None,
         },
         "environment": environment,

@@ -29,6 +29,10 @@ class OpParams:
     batch: int = 1
     body_size: int = 100
     seed: int = 0
+    # Request/reply (scenario h): the queue replies come back to, and, for ours, the
+    # initiating service, the target service and the contract of the dialogs.
+    reply_queue: str = ""
+    dialog: tuple[str, str, str] = ("", "", "")
 
 
 class Op(Protocol):

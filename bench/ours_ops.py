@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from airflow_broker import Broker
+from airflow_broker import END_DIALOG, Broker
 from bench.ops import OpParams, binary_body
 
 MESSAGE_TYPE = "BenchMessage"
@@ -111,3 +111,61 @@ class CommitSender(_BrokerOp):
         with self.broker.transaction() as tx:
             tx.send(self.handle, MESSAGE_TYPE, self.body)
         return time.perf_counter(), 1
+
+
+class DialogBegin(_BrokerOp):
+    """h, the initiator: BEGIN DIALOG and SEND the request, one transaction per dialog."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn)
+        self.from_service, self.to_service, self.contract = params.dialog
+        self.body = binary_body(params.body_size)
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx:
+            handle = tx.begin_dialog(self.from_service, self.to_service, self.contract)
+            tx.send(handle, MESSAGE_TYPE, self.body)
+        return 1
+
+
+class DialogAnswer(_BrokerOp):
+    """h, the target reader: WAITFOR (RECEIVE) the request of one dialog (one conversation
+    group), SEND the reply and END CONVERSATION, one transaction; returns the dialogs answered
+    (0 only when nothing came within the WAITFOR time-out)."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        # One pooled connection for the transaction; the WAITFOR listener has its own.
+        super().__init__(dsn, connections=2)
+        self.queue = params.queue
+        self.body = binary_body(params.body_size)
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx:
+            requests = tx.receive(self.queue, waitfor=True, timeout=WAIT_TIMEOUT)
+            for request in requests:
+                tx.send(request.conversation_handle, MESSAGE_TYPE, self.body)
+                tx.end_conversation(request.conversation_handle)
+        return len(requests)
+
+
+class DialogClose(_BrokerOp):
+    """h, the initiator-side reader: WAITFOR (RECEIVE) the reply and the EndDialog of one dialog
+    (they were committed together, so one RECEIVE returns both) and END CONVERSATION, one
+    transaction; returns the dialogs completed."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, connections=2)
+        self.queue = params.reply_queue
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx:
+            messages = tx.receive(self.queue, waitfor=True, timeout=WAIT_TIMEOUT)
+            ended = 0
+            for message in messages:
+                if message.message_type_name == END_DIALOG:
+                    tx.end_conversation(message.conversation_handle)
+                    ended += 1
+            if len(messages) != 2 * ended:
+                kinds = [m.message_type_name for m in messages]
+                raise RuntimeError(f"expected a reply and an EndDialog per dialog, got {kinds}")
+        return ended

@@ -24,8 +24,12 @@ from bench.ours_ops import MESSAGE_TYPE
 CONTRACT = "BenchContract"
 INITIATOR_SERVICE = "BenchInitiator"
 INITIATOR_QUEUE = "bench_initiator"
+# The full dialog (h) gets replies and EndDialogs back, on an initiator queue of its own.
+DIALOG_INITIATOR_SERVICE = "BenchDialogInitiator"
+DIALOG_INITIATOR_QUEUE = "bench_dialog_initiator"
 # One target queue per scenario, so a scenario's messages never sit in another's queue.
-TARGETS = ("send", "recv1", "recv100", "wait", "growth", "drain")
+# "standing" is read by nobody: it holds the dialogs and messages of a broker in use (h).
+TARGETS = ("send", "recv1", "recv100", "wait", "growth", "drain", "dialog", "spark", "standing")
 # SQL Server's default dialog lifetime, as BEGIN DIALOG without LIFETIME gives.
 LIFETIME = "2147483647 seconds"
 
@@ -44,6 +48,8 @@ class Catalog:
     contract_id: int
     message_type_id: int
     targets: dict[str, Target]
+    # The initiating side of h's dialogs, as a Target: its service and its queue.
+    dialog_initiator: Target
 
 
 def _scalar(conn: Conn, query: str, params: Sequence[object]) -> int:
@@ -66,21 +72,22 @@ def setup_catalog(broker: Broker) -> Catalog:
             tx.create_message_type(MESSAGE_TYPE)
         if not _exists(conn, "contracts", CONTRACT):
             tx.create_contract(CONTRACT, {MESSAGE_TYPE: "ANY"})
-        if not _exists(conn, "service_defs", INITIATOR_SERVICE):
-            tx.create_queue(INITIATOR_QUEUE)
-            tx.create_service(INITIATOR_SERVICE, INITIATOR_QUEUE)
+        for service, queue in ((INITIATOR_SERVICE, INITIATOR_QUEUE),
+                               (DIALOG_INITIATOR_SERVICE, DIALOG_INITIATOR_QUEUE)):
+            if not _exists(conn, "service_defs", service):
+                tx.create_queue(queue)
+                tx.create_service(service, queue)
         for name in TARGETS:
             if not _exists(conn, "service_defs", f"Bench_{name}"):
                 tx.create_queue(f"bench_{name}")
                 tx.create_service(f"Bench_{name}", f"bench_{name}", [CONTRACT])
     with broker.transaction() as tx:
         conn = tx.conn
-        targets = {}
-        for name in TARGETS:
-            service = f"Bench_{name}"
-            targets[name] = Target(
+
+        def target(service: str, queue: str) -> Target:
+            return Target(
                 service=service,
-                queue=f"bench_{name}",
+                queue=queue,
                 service_id=_scalar(
                     conn, "SELECT service_id FROM broker.service_defs WHERE name = %s", [service]
                 ),
@@ -90,6 +97,8 @@ def setup_catalog(broker: Broker) -> Catalog:
                     [service],
                 ),
             )
+
+        targets = {name: target(f"Bench_{name}", f"bench_{name}") for name in TARGETS}
         return Catalog(
             initiator_id=_scalar(
                 conn, "SELECT service_id FROM broker.service_defs WHERE name = %s",
@@ -104,6 +113,7 @@ def setup_catalog(broker: Broker) -> Catalog:
                 [MESSAGE_TYPE],
             ),
             targets=targets,
+            dialog_initiator=target(DIALOG_INITIATOR_SERVICE, DIALOG_INITIATOR_QUEUE),
         )
 
 
@@ -256,6 +266,26 @@ def top_up(
 
 def purge(conn: Conn, target: Target) -> None:
     conn.execute("DELETE FROM broker.queue_messages WHERE queue_id = %s", [target.queue_id])
+
+
+def forget_dialogs(conn: Conn, *sides: Target) -> None:
+    """Removes the dialogs of these services: their endpoints on both sides, their conversation
+    groups, and the messages waiting on their queues. h leaves a closed target endpoint per
+    dialog (kept 30 minutes against replays) and, at the end of a measurement, dialogs still in
+    flight. Benchmark housekeeping, not END CONVERSATION WITH CLEANUP: nobody is told and
+    nothing is logged."""
+    params = {"ids": [side.service_id for side in sides],
+              "names": [side.service for side in sides]}
+    ours = "service_id = ANY(%(ids)s) OR (is_initiator AND far_service = ANY(%(names)s))"
+    for side in sides:
+        purge(conn, side)
+    conn.execute("DELETE FROM broker.transmissions WHERE conversation_handle IN"
+                 f" (SELECT conversation_handle FROM broker.endpoints WHERE {ours})", params)
+    conn.execute(
+        f"WITH gone AS (DELETE FROM broker.endpoints WHERE {ours}"
+        " RETURNING conversation_group_id)"
+        " DELETE FROM broker.dialog_groups WHERE service_id = ANY(%(ids)s)"
+        " OR conversation_group_id IN (SELECT conversation_group_id FROM gone)", params)
 
 
 def ready(conn: Conn, target: Target) -> int:

@@ -14,6 +14,11 @@ from bench.ops import OpParams, json_body
 
 # pgmq's visibility timeout for read(): long enough that nothing reappears during a measurement.
 VISIBILITY_SECONDS = 30
+# Request/reply (scenario h): readers wait in read_with_poll for up to 5 s (our readers'
+# WAITFOR time-out), checking every 10 ms rather than pgmq's default 100 ms, so an empty
+# moment costs pgmq about what it costs our readers, which are woken by NOTIFY.
+POLL_SECONDS = 5
+POLL_INTERVAL_MS = 10
 
 
 class _PgmqOp:
@@ -121,3 +126,55 @@ class CommitSender(_PgmqOp):
         with self.conn.transaction():
             self.conn.execute("SELECT pgmq.send(%s, %s::jsonb)", [self.queue, self.body])
         return time.perf_counter(), 1
+
+
+class RequestSend(_PgmqOp):
+    """h's peer, the requester: ``pgmq.send`` of the request, one transaction."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, params)
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            self.conn.execute("SELECT pgmq.send(%s, %s::jsonb)", [self.queue, self.body])
+        return 1
+
+
+class _Poll(_PgmqOp):
+    def take(self, queue: str) -> list[Any]:
+        """Waits for one message (read_with_poll) and deletes it, in the caller's transaction."""
+        rows: list[Any] = self.conn.execute(
+            "SELECT * FROM pgmq.read_with_poll(%s, %s, 1, %s, %s)",
+            [queue, VISIBILITY_SECONDS, POLL_SECONDS, POLL_INTERVAL_MS],
+        ).fetchall()
+        for row in rows:
+            self.conn.execute("SELECT pgmq.delete(%s, %s::bigint)", [queue, row[0]])
+        return rows
+
+
+class RequestAnswer(_Poll):
+    """h's peer, the responder: read the request, delete it, ``pgmq.send`` the reply to the
+    reply queue, one transaction (pgmq has no dialogs, so nothing to end)."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, params)
+        self.reply_queue = params.reply_queue
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            rows = self.take(self.queue)
+            for _ in rows:
+                self.conn.execute("SELECT pgmq.send(%s, %s::jsonb)", [self.reply_queue, self.body])
+        return len(rows)
+
+
+class ReplyTake(_Poll):
+    """h's peer, the requester's reader: read the reply and delete it, one transaction."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, params)
+        self.reply_queue = params.reply_queue
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            return len(self.take(self.reply_queue))

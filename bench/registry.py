@@ -10,10 +10,16 @@ LOAD_OPS: dict[str, OpFactory] = {
     "ours.send_batch": ours_ops.SendBatch,
     "ours.send_random": ours_ops.SendRandom,
     "ours.receive": ours_ops.Receive,
+    "ours.dialog_begin": ours_ops.DialogBegin,
+    "ours.dialog_answer": ours_ops.DialogAnswer,
+    "ours.dialog_close": ours_ops.DialogClose,
     "pgmq.send": pgmq_ops.Send,
     "pgmq.send_batch": pgmq_ops.SendBatch,
     "pgmq.read_delete": pgmq_ops.ReadDelete,
     "pgmq.pop": pgmq_ops.Pop,
+    "pgmq.request_send": pgmq_ops.RequestSend,
+    "pgmq.request_answer": pgmq_ops.RequestAnswer,
+    "pgmq.reply_take": pgmq_ops.ReplyTake,
     "bare.insert": BareInsert,
 }
 

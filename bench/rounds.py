@@ -19,13 +19,17 @@ MAX_TRANSACTIONS_PER_SECOND = 100_000
 class Contender:
     key: str
     label: str
-    op: str
+    # One op for every worker, or one per worker (roles: worker w runs op[w]).
+    op: str | tuple[str, ...]
     workers: int
     params: OpParams
     # Readies the database for one measurement; returns the transaction budget.
     prepare: Callable[[], int]
     # Sees the measurement, e.g. to fill more next time when the queue ran dry.
     after: Callable[[Measurement], None] | None = None
+    # What the measurement is worth, per second (default: messages of all workers).
+    rate: Callable[[Measurement], float] | None = None
+    unit: str = "msg/s"
 
 
 def time_budget(seconds: float) -> int:
@@ -46,10 +50,11 @@ def alternate(env: Env, scenario: str, contenders: Sequence[Contender]) -> dict[
             )
             if contender.after is not None:
                 contender.after(measured)
-            rates[contender.key].append(measured.rate)
+            rate = measured.rate if contender.rate is None else contender.rate(measured)
+            rates[contender.key].append(rate)
             env.progress(
                 f"{scenario} round {number + 1}/{rounds} {contender.label}: "
-                f"{measured.rate:,.0f} msg/s ({measured.messages:,} in {measured.elapsed:.1f} s)"
+                f"{rate:,.0f} {contender.unit} ({measured.messages:,} in {measured.elapsed:.1f} s)"
             )
     return rates
 

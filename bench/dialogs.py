@@ -1,0 +1,132 @@
+"""Scenario h: complete dialogs per second, with a producer and two readers running at once in
+three processes.
+
+Ours, each step one transaction: the initiator BEGINs a dialog and SENDs the request; a target
+reader RECEIVEs it (WAITFOR), SENDs the reply and ENDs the conversation (the target ends first);
+an initiator-side reader RECEIVEs the reply and the EndDialog (WAITFOR) and ENDs its side. A
+dialog counts when that last END has committed.
+
+pgmq has no dialogs. Its side is the same request/reply over two queues, each step one
+transaction: pgmq.send of the request; read_with_poll + delete of the request and pgmq.send of
+the reply; read_with_poll + delete of the reply. It does the same messaging without the
+dialog's state (no endpoints, no conversation groups, no EndDialog, no ordering per
+conversation), so the ratio prices the dialog, not a like-for-like alternative.
+
+Before each of our measurements the dialogs of the previous one are removed, and the tables
+are vacuumed and analyzed holding a standing population, as a broker in use holds one (a target
+endpoint stays 30 minutes after its END): 10,000 other dialogs with a message each, waiting on
+a queue nobody reads. Statistics taken on empty tables would have PostgreSQL plan and cache
+sequential scans for the broker's statements as the measurement starts, and keep them while the
+tables grow (measured: about a third fewer dialogs per second).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from bench import ours_setup, pgmq_peer
+from bench.harness import Env
+from bench.ops import OpParams
+from bench.report import Row, Scenario, Target, median
+from bench.rounds import Contender, alternate, time_budget
+from bench.workers import Measurement
+
+PRODUCER, ANSWERER, CLOSER = 0, 1, 2
+OURS_OPS = ("ours.dialog_begin", "ours.dialog_answer", "ours.dialog_close")
+PGMQ_OPS = ("pgmq.request_send", "pgmq.request_answer", "pgmq.reply_take")
+REQUEST_QUEUE, REPLY_QUEUE = "bench_request", "bench_reply"
+PEER_LABEL = "pgmq request/reply over 2 queues (no dialog)"
+STANDING_DIALOGS = 10_000
+STANDING_DIALOGS_QUICK = 1_000
+TABLES = ("broker.queue_messages", "broker.endpoints", "broker.dialog_groups")
+
+
+def _completed(measured: Measurement) -> float:
+    """Dialogs (or request/reply pairs) finished by the last step, per second of the
+    measurement."""
+    if measured.elapsed <= 0:
+        return 0.0
+    return measured.results[CLOSER].messages / measured.elapsed
+
+
+def full_dialog(env: Env) -> Scenario:
+    target = env.catalog.targets["dialog"]
+    initiator = env.catalog.dialog_initiator
+    standing = env.catalog.targets["standing"]
+    dialogs = STANDING_DIALOGS_QUICK if env.options.quick else STANDING_DIALOGS
+    env.progress(f"h standing population: {dialogs:,} dialogs with a message waiting")
+    with env.transaction() as conn:
+        ours_setup.forget_dialogs(conn, standing)
+        ours_setup.add_dialogs(conn, env.catalog, standing, dialogs, 1)
+    try:
+        return _measure(env, target, initiator, dialogs)
+    finally:
+        # The scenarios after this one find the tables as they were.
+        with env.transaction() as conn:
+            ours_setup.forget_dialogs(conn, standing, initiator, target)
+
+
+def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
+             standing: int) -> Scenario:
+    budget = time_budget(env.options.seconds)
+    # Per side, per round: what each of the three processes did per second.
+    stages: dict[str, list[tuple[float, float, float]]] = {"ours": [], "pgmq": []}
+
+    def ours_ready() -> int:
+        with env.transaction() as conn:
+            ours_setup.forget_dialogs(conn, initiator, target)
+        env.settle(TABLES)
+        return budget
+
+    def pgmq_ready() -> int:
+        for queue in (REQUEST_QUEUE, REPLY_QUEUE):
+            pgmq_peer.purge(env.admin, queue)
+        env.settle([f"pgmq.q_{REQUEST_QUEUE}", f"pgmq.q_{REPLY_QUEUE}"])
+        return budget
+
+    def note_stages(side: str) -> Callable[[Measurement], None]:
+        def after(measured: Measurement) -> None:
+            elapsed = measured.elapsed or 1.0
+            rates = tuple(r.messages / elapsed for r in measured.results)
+            stages[side].append((rates[0], rates[1], rates[2]))
+            env.progress(
+                f"h {side}: {rates[PRODUCER]:,.0f} begun, {rates[ANSWERER]:,.0f} answered, "
+                f"{rates[CLOSER]:,.0f} completed per second"
+            )
+
+        return after
+
+    rates = alternate(env, "h", [
+        Contender("ours", "ours full dialog, 1 producer + 2 readers", OURS_OPS, 3,
+                  OpParams(target.queue, reply_queue=initiator.queue,
+                           dialog=(initiator.service, target.service, ours_setup.CONTRACT)),
+                  ours_ready, note_stages("ours"), _completed, "dialogs/s"),
+        Contender("pgmq", "pgmq request/reply, 1 producer + 2 readers", PGMQ_OPS, 3,
+                  OpParams(REQUEST_QUEUE, reply_queue=REPLY_QUEUE),
+                  pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s"),
+    ])
+
+    def stage_medians(side: str) -> str:
+        if not stages[side]:
+            return "-"
+        begun, answered, completed = (statistics.median(s[i] for s in stages[side])
+                                      for i in range(3))
+        return f"{begun:,.0f} begun, {answered:,.0f} answered, {completed:,.0f} completed"
+
+    note = (
+        "Per second, medians over rounds: ours " + stage_medians("ours") + "; pgmq "
+        + stage_medians("pgmq") + ". The peer is not a dialog: pgmq has none, so its side is "
+        "the same request/reply over two queues (send; read+delete, send reply; read+delete), "
+        "without endpoints, conversation groups, EndDialog or END CONVERSATION. Our tables "
+        f"held {standing:,} other dialogs with a message each (a broker in use) when analyzed."
+    )
+    return Scenario(
+        "h", "Full dialog: BEGIN + SEND; RECEIVE + SEND + END; RECEIVE + END", note=note,
+        rows=[Row(
+            "complete dialogs, 1 producer + 2 readers", "dialogs/s", PEER_LABEL,
+            median(rates["pgmq"]), median(rates["ours"]),
+            target=Target("ours_at_least", 500, ">= 500 dialogs/s"),
+            peer_rounds=rates["pgmq"], ours_rounds=rates["ours"],
+        )],
+    )
