@@ -58,7 +58,8 @@ class Drain:
     first_at: float
     last_at: float
     messages: int
-    per_reader: list[int] = field(default_factory=list)
+    # Per reader: messages, and its first and latest message in seconds after the launch.
+    per_reader: list[tuple[int, float, float]] = field(default_factory=list)
 
     @property
     def startup(self) -> float:
@@ -121,7 +122,8 @@ def _marks(env: Env, launched: float, exited: float) -> Drain:
         raise DrainFailed("no reader handled a message")
     return Drain(launched=launched, exited=exited, first_at=min(r[0] for r in rows),
                  last_at=max(r[1] for r in rows), messages=sum(int(r[2]) for r in rows),
-                 per_reader=[int(r[2]) for r in rows])
+                 per_reader=[(int(r[2]), round(r[0] - launched, 2), round(r[1] - launched, 2))
+                             for r in rows])
 
 
 def _spark(env: Env, queue: str) -> tuple[Drain, dict[str, object]]:
@@ -215,7 +217,8 @@ def drain(env: Env) -> Scenario:
                     f"j round {number + 1}/{rounds} {side}: first message after "
                     f"{drained.startup:.1f} s, {drained.rate_with_startup():,.0f} msg/s with "
                     f"start-up, {drained.rate_without_startup():,.0f} msg/s without; per reader "
-                    f"{drained.per_reader}, exited after {drained.exited - drained.launched:.1f} s"
+                    f"(messages, first s, last s): {drained.per_reader}, exited after "
+                    f"{drained.exited - drained.launched:.1f} s"
                 )
     except (DrainFailed, subprocess.TimeoutExpired) as exc:
         env.progress(f"j failed: {exc}")
@@ -229,8 +232,9 @@ def drain(env: Env) -> Scenario:
         return statistics.median(d.exited - d.launched for d in drains[side])
 
     note = (
-        f"{count:,} messages in dialogs of {min(BATCH, count)}, RECEIVE TOP({BATCH}), per "
-        f"reader: Spark {[d.per_reader for d in drains['spark']]}, Python "
+        f"{count:,} messages in dialogs of {min(BATCH, count)}, RECEIVE TOP({BATCH}). Per round "
+        "and reader (messages, first and latest message in seconds after the launch): Spark "
+        f"{[d.per_reader for d in drains['spark']]}, Python "
         f"{[d.per_reader for d in drains['python']]}; the Spark summaries in reader_runs "
         f"counted {received} received. Launch to exit (median, with the {IDLE_EXIT:g} s "
         f"idle wait): Spark {wall('spark'):.1f} s, Python {wall('python'):.1f} s."
