@@ -194,6 +194,17 @@ class Broker:
         value: dt.datetime = row[0]
         return value
 
+    @property
+    def broker_instance(self) -> uuid.UUID:
+        """This broker's instance id (SQL Server's service_broker_guid); NEW_BROKER changes
+        it."""
+        with self.pool.connection() as conn:
+            row = conn.execute(sql.SQL("SELECT service_broker_guid FROM {}.broker_identity")
+                               .format(sql.Identifier(self.schema))).fetchone()
+        assert row is not None
+        value: uuid.UUID = row[0]
+        return value
+
     def advance_clock(self, by: dt.timedelta) -> dt.datetime:
         """Moves the broker clock forward (tests, and rehearsing timeouts)."""
         with self.pool.connection() as conn:

@@ -1,9 +1,10 @@
 """Catalog statements: CREATE / ALTER / DROP of message types, XML schema collections,
-contracts, queues and services (spec 2-5)."""
+contracts, queues, services and routes, and the broker's own settings (spec 2-5, 21)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
 from lxml import etree
@@ -168,3 +169,52 @@ class CatalogStatements(StatementRunner):
     def drop_event_notification(self, name: str, queue_name: str) -> None:
         self.run(self.function("drop_event_notification", 2, ["text", "text"]),
                  [name, queue_name])
+
+    def create_route(
+        self,
+        name: str,
+        address: str,
+        *,
+        service_name: str | None = None,
+        broker_instance: str | None = None,
+        lifetime: int | None = None,
+        mirror_address: str | None = None,
+    ) -> int:
+        """CREATE ROUTE name WITH SERVICE_NAME, BROKER_INSTANCE, LIFETIME (seconds), ADDRESS.
+
+        ``address``: 'LOCAL', 'TRANSPORT', a PostgreSQL URI (add ``broker_schema=name`` to its
+        query when the far broker's schema is not "broker"), or ``airflow://conn_id`` to keep
+        credentials in an Airflow connection. A route without SERVICE_NAME matches every
+        service."""
+        q = self.function("create_route", 6, ["text", "text", "text", "text", "integer", "text"])
+        result: int = self.scalar(q, [name, address, service_name, broker_instance, lifetime,
+                                      mirror_address])
+        return result
+
+    def alter_route(
+        self,
+        name: str,
+        *,
+        address: str | None = None,
+        service_name: str | None = None,
+        broker_instance: str | None = None,
+        lifetime: int | None = None,
+        mirror_address: str | None = None,
+    ) -> None:
+        """ALTER ROUTE: settings left None keep their value; '' removes SERVICE_NAME,
+        BROKER_INSTANCE or MIRROR_ADDRESS; a LIFETIME counts from now."""
+        q = self.function("alter_route", 6, ["text", "text", "text", "text", "integer", "text"])
+        self.run(q, [name, address, service_name, broker_instance, lifetime, mirror_address])
+
+    def drop_route(self, name: str) -> None:
+        self.run(self.function("drop_route", 1, ["text"]), [name])
+
+    def alter_broker(self, option: str) -> uuid.UUID:
+        """ALTER DATABASE ... SET ENABLE_BROKER | DISABLE_BROKER | NEW_BROKER |
+        ERROR_BROKER_CONVERSATIONS, for this broker schema; returns its broker instance.
+
+        NEW_BROKER and ERROR_BROKER_CONVERSATIONS fail every conversation (Error -9719 here,
+        -9720 to peers in other brokers); NEW_BROKER also gives the broker a new instance id.
+        Nothing waits for an exclusive lock, unlike SQL Server's ENABLE_BROKER."""
+        result: uuid.UUID = self.scalar(self.function("alter_broker", 1, ["text"]), [option])
+        return result

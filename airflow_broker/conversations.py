@@ -160,6 +160,14 @@ class ConversationStatements(StatementRunner):
                 conversation_handle,
             )
 
+    def get_transmission_status(self, conversation_handle: uuid.UUID) -> str:
+        """GET_TRANSMISSION_STATUS: why the conversation's messages, or its acknowledgements,
+        have not gone through (a route missing, the far broker unreachable, ...); empty when
+        the last transmission succeeded or none was needed."""
+        status: str = self.scalar(self.function("get_transmission_status", 1, ["uuid"]),
+                                  [conversation_handle])
+        return status
+
     def begin_conversation_timer(self, conversation_handle: uuid.UUID, timeout: int) -> dt.datetime:
         """BEGIN CONVERSATION TIMER: a DialogTimer message arrives on this endpoint's own queue
         after ``timeout`` seconds (a second call replaces the deadline). Returns the deadline

@@ -72,6 +72,22 @@ class EmbeddedPostgres:
             timeout=60,
         )
 
+    def shut_down(self) -> None:
+        """Stops the server but keeps this handle: ``start()`` brings it back on the same socket
+        (used to rehearse a far broker going away)."""
+        from pgserver import _commands
+
+        _commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "fast", "stop"],
+            pgdata=self.data_dir,
+            user=self._server.system_user,
+            timeout=60,
+        )
+
+    def start(self) -> None:
+        """Starts the server again after ``shut_down()``."""
+        self._server.ensure_postgres_running()
+
     def stop(self) -> None:
         self._server.cleanup()
         # pgserver would clean up again at interpreter exit, logging to streams that may be

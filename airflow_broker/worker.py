@@ -1,12 +1,15 @@
 """The broker worker: the background work SQL Server does inside its engine.
 
 Each pass fires due conversation timers, expires lifetimes, delivers what waits in the
-transmission queue, reclaims closed endpoints, resolves receiving transactions for
+transmission queue (to this broker, and through the transport to brokers in other databases),
+reclaims closed endpoints, resolves receiving transactions for
 poison-message detection, handles replies on event notification dialogs, and runs the queue
 monitors that start activated readers, each step in short transactions of its own
 (``run_once``). Several workers may run at once: every step takes its rows with SKIP LOCKED and
 is atomic, so a worker killed half-way leaves nothing half done. ``run`` repeats passes until
-SIGTERM or SIGINT, and reconnects when PostgreSQL restarts.
+SIGTERM or SIGINT, and reconnects when PostgreSQL restarts; meanwhile a transport thread
+delivers to other brokers as soon as a SEND for one commits (LISTEN), and at least every
+``interval``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from psycopg import sql
 
 from airflow_broker.activation import ActivationManager
 from airflow_broker.broker import Broker
+from airflow_broker.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ class PassResult:
     messages_delivered: int = 0
     endpoints_reclaimed: int = 0
     notification_replies: int = 0
+    messages_transmitted: int = 0
     queues_disabled: int = 0
     readers_started: int = 0
 
@@ -52,11 +57,12 @@ class PassResult:
 
 class BrokerWorker:
     def __init__(self, broker: Broker, *, batch_size: int = 1000, interval: float = 1.0,
-                 activation: bool = True) -> None:
+                 activation: bool = True, transport: bool = True) -> None:
         self.broker = broker
         self.batch_size = batch_size
         self.interval = interval
         self.activation = ActivationManager(broker) if activation else None
+        self.transport = Transport(broker, batch_size=batch_size) if transport else None
         self._stop = threading.Event()
         self._calls = {
             step: sql.SQL("SELECT {}.{}(%s)").format(sql.Identifier(broker.schema),
@@ -82,12 +88,19 @@ class BrokerWorker:
                 sql.Identifier(self.broker.schema))).fetchone()
         return int(row[0]) if row else 0
 
-    def run_once(self) -> PassResult:
+    def _transmit(self) -> int:
+        if self.transport is None:
+            return 0
+        result = self.transport.run_until_idle()
+        return result.acknowledged + result.refused
+
+    def run_once(self, *, transmit: bool = True) -> PassResult:
         """One pass of every step; returns what it did."""
         fired, expired, delivered, reclaimed, replies = (self._step(step) for step in STEPS)
         return PassResult(
             timers_fired=fired, lifetimes_expired=expired, messages_delivered=delivered,
             endpoints_reclaimed=reclaimed, notification_replies=replies,
+            messages_transmitted=self._transmit() if transmit else 0,
             queues_disabled=self._resolve_receives(),
             readers_started=self.activation.step() if self.activation is not None else 0,
         )
@@ -108,9 +121,14 @@ class BrokerWorker:
         total = PassResult()
         backoff = self.interval
         log.info("broker worker started on schema %s", self.broker.schema)
+        sender = None
+        if self.transport is not None:
+            sender = threading.Thread(target=self._transport_loop, name="broker-transport",
+                                      daemon=True)
+            sender.start()
         while not self._stop.is_set():
             try:
-                result = self.run_once()
+                result = self.run_once(transmit=sender is None)
                 backoff = self.interval
             except psycopg.OperationalError as exc:
                 log.warning("broker worker: database unavailable (%s); retrying in %.0f s",
@@ -123,11 +141,42 @@ class BrokerWorker:
             if result.total:
                 log.info("broker worker: %s", result)
             self._stop.wait(self.interval)
+        if sender is not None:
+            sender.join()
+        if self.transport is not None:
+            self.transport.close()
         if self.activation is not None:
             self.activation.stop()
             self.activation.close()
         log.info("broker worker stopped: %s", total)
         return total
+
+
+    def _transport_loop(self) -> None:
+        """Delivers to other brokers when a SEND for one commits (NOTIFY), or every interval."""
+        assert self.transport is not None
+        channel = sql.Identifier(f"{self.broker.schema}_transmit")
+        backoff = self.interval
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.broker.dsn, autocommit=True) as listener:
+                    listener.execute(sql.SQL("LISTEN {}").format(channel))
+                    while not self._stop.is_set():
+                        result = self.transport.run_until_idle()
+                        if result.sent:
+                            log.info("broker transport: %s", result)
+                        backoff = self.interval
+                        # Returns at the first notification, or after the interval.
+                        for _ in listener.notifies(timeout=self.interval, stop_after=1):
+                            pass
+            except psycopg.OperationalError as exc:
+                log.warning("broker transport: database unavailable (%s); retrying in %.0f s",
+                            exc, backoff)
+            except Exception:
+                # The thread must outlive any one failed batch; nothing of it was committed.
+                log.exception("broker transport: a batch failed; retrying in %.0f s", backoff)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
 
 
 def wait_until_idle(worker: BrokerWorker, limit: float = 60.0) -> PassResult:

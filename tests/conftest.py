@@ -23,6 +23,7 @@ from psycopg.conninfo import make_conninfo
 from airflow_broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.migrations import install
+from tests.brokers import Pair, deploy_application, route_uri
 
 TEMPLATE = "airflow_broker_test_template"
 
@@ -152,3 +153,28 @@ def app(broker: Broker) -> App:
         tx.create_service("I", "q_i")
         tx.create_service("T", "q_t", ["C", "DEFAULT"])
     return App(broker)
+
+
+@pytest.fixture
+def far_dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
+    """A second database with the broker schema: broker B. A clone of the template keeps the
+    template's broker instance, as a restored database would: NEW_BROKER gives it its own."""
+    with fresh_database(server_dsn, "far", TEMPLATE) as new:
+        with Broker(new) as b, b.transaction() as tx:
+            tx.alter_broker("NEW_BROKER")
+        yield new
+
+
+@pytest.fixture
+def pair(dsn: str, far_dsn: str) -> Iterator[Pair]:
+    a = Broker(dsn, poll_interval=0.2)
+    b = Broker(far_dsn, poll_interval=0.2)
+    deploy_application(a, target=False)
+    deploy_application(b, initiator=False)
+    p = Pair(a, b, route_uri(dsn), route_uri(far_dsn))
+    try:
+        yield p
+    finally:
+        p.close()
+        a.close()
+        b.close()

@@ -80,15 +80,26 @@ CREATE OR REPLACE FUNCTION hold_for_transmission(
     p_handle uuid, p_to_service text, p_from_service text, p_contract_id integer,
     p_seq bigint, p_type_id integer, p_body bytea, p_priority smallint, p_status text)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_now timestamp := utc_now();
+    v_next timestamp;
+    v_attempts integer;
 BEGIN
+    -- A conversation backs off as one: a new message waits for the next attempt of the ones
+    -- ahead of it. An empty status (not attempted yet) is due at once.
+    SELECT max(next_attempt_at), max(attempts) INTO v_next, v_attempts
+      FROM transmissions WHERE conversation_handle = p_handle;
     INSERT INTO transmissions (conversation_handle, to_service_name, from_service_name,
                                service_contract_name, enqueue_time, message_sequence_number,
                                message_type_id, message_body, is_conversation_error,
                                is_end_of_dialog, priority, transmission_status, message_id,
-                               next_attempt_at)
+                               next_attempt_at, attempts)
     VALUES (p_handle, p_to_service, p_from_service,
             (SELECT name FROM contracts WHERE service_contract_id = p_contract_id),
-            utc_now(), p_seq, p_type_id, p_body, p_type_id = 1, p_type_id = 2, p_priority,
-            p_status, gen_random_uuid(), utc_now() + interval '4 seconds');
+            v_now, p_seq, p_type_id, p_body, p_type_id = 1, p_type_id = 2, p_priority,
+            p_status, gen_random_uuid(),
+            coalesce(v_next, CASE WHEN p_status = '' THEN v_now
+                                  ELSE v_now + interval '4 seconds' END),
+            coalesce(v_attempts, 0));
 END
 $$;

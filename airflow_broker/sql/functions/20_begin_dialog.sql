@@ -18,6 +18,7 @@ DECLARE
     v_group_service integer;
     v_handle uuid := gen_random_uuid();
     v_now timestamp := utc_now();
+    v_instance text := lower(p_to_broker_instance);
 BEGIN
     IF p_from_service IS NULL OR p_to_service IS NULL THEN
         PERFORM raise_error(8421);
@@ -27,6 +28,9 @@ BEGIN
     END IF;
     IF length(p_to_broker_instance) > 128 THEN
         PERFORM raise_error(8413, left(p_to_broker_instance, 40));
+    END IF;
+    IF v_instance = 'current database' THEN
+        v_instance := (SELECT service_broker_guid::text FROM broker_identity);
     END IF;
     IF p_contract IS NULL THEN
         PERFORM raise_error(8417);
@@ -83,11 +87,11 @@ BEGIN
 
     INSERT INTO endpoints (
         conversation_handle, conversation_id, is_initiator, service_contract_id,
-        conversation_group_id, service_id, far_service, far_broker_instance, lifetime, state,
+        conversation_group_id, service_id, far_service, to_broker_instance, lifetime, state,
         is_encrypted, created_at)
     VALUES (
         v_handle, gen_random_uuid(), true, v_contract_id, v_group, v_service_id, p_to_service,
-        NULL, v_now + make_interval(secs => p_lifetime), 'SO', p_encryption, v_now);
+        v_instance, v_now + make_interval(secs => p_lifetime), 'SO', p_encryption, v_now);
     RETURN v_handle;
 END
 $$;

@@ -74,7 +74,35 @@ DECLARE
     v_state char(2);
     v_supports boolean;
     v_now timestamp;
+    v_remote boolean;
+    v_instance text;
+    v_address text;
 BEGIN
+    IF NOT (SELECT is_broker_enabled FROM broker_identity) THEN
+        RETURN 'The broker is disabled in the sender''s database.';
+    END IF;
+    IF p_far_handle IS NULL THEN
+        SELECT is_remote, coalesce(far_broker_instance, to_broker_instance)
+          INTO v_remote, v_instance
+          FROM endpoints WHERE conversation_handle = p_handle;
+        IF NOT v_remote THEN
+            -- Message 0 (or a message behind one that has not been delivered yet): routed.
+            v_address := route_address(p_far_service, v_instance);
+            IF v_address IS NULL THEN
+                RETURN no_route_status(p_far_service);
+            END IF;
+            v_remote := v_address <> 'LOCAL';
+            IF v_remote THEN
+                UPDATE endpoints SET is_remote = true WHERE conversation_handle = p_handle;
+            END IF;
+        END IF;
+        IF v_remote THEN
+            -- The peer lives in another broker: the transport delivers it (empty status: not
+            -- attempted yet).
+            PERFORM pg_notify(current_schema() || '_transmit', '');
+            RETURN '';
+        END IF;
+    END IF;
     IF p_far_handle IS NOT NULL THEN
         SELECT e.conversation_handle, e.conversation_group_id, e.service_id, e.state,
                s.service_queue_id, q.is_enqueue_enabled
@@ -106,10 +134,19 @@ BEGIN
           INTO v_service, v_queue, v_enabled, v_supports
           FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
          WHERE s.name = p_far_service;
+        IF v_service IS NULL AND v_instance IS NOT NULL THEN
+            -- Addressed to this broker by its instance, which has no such service.
+            PERFORM deliver_error(p_handle, -8490,
+                format('Cannot find the remote service ''%s'' because it does not exist.',
+                       p_far_service));
+            RETURN NULL;
+        END IF;
         IF v_service IS NULL THEN
-            RETURN format('The target service name ''%s'' could not be found. Ensure that the '
-                          'service name is specified correctly and/or the routing information '
-                          'has been supplied.', p_far_service);
+            RETURN format('The target service name ''%s'' could not be found: it matched a '
+                          'LOCAL route, but this broker has no service by that name. Ensure '
+                          'that the service name is specified correctly (names match byte for '
+                          'byte) and/or the routing information has been supplied.',
+                          p_far_service);
         END IF;
         IF NOT v_supports THEN
             PERFORM deliver_error(p_handle, -8408,
@@ -126,13 +163,17 @@ BEGIN
         v_state := 'CO';
         v_now := utc_now();
         INSERT INTO dialog_groups (conversation_group_id, service_id) VALUES (v_group, v_service);
+        v_instance := (SELECT service_broker_guid::text FROM broker_identity);
         INSERT INTO endpoints (
             conversation_handle, conversation_id, is_initiator, service_contract_id,
-            conversation_group_id, service_id, far_handle, far_service, lifetime, state,
-            created_at)
+            conversation_group_id, service_id, far_handle, far_service, far_broker_instance,
+            lifetime, state, created_at)
         VALUES (v_handle, p_conversation_id, false, p_contract_id, v_group, v_service,
-                p_handle, p_service_name, p_lifetime, 'CO', v_now);
-        UPDATE endpoints SET far_handle = v_handle, message0_xid = pg_current_xact_id()
+                p_handle, p_service_name, v_instance, p_lifetime, 'CO', v_now);
+        -- Local delivery is acknowledged in this transaction: the dialog is pinned to this
+        -- broker at once.
+        UPDATE endpoints SET far_handle = v_handle, message0_xid = pg_current_xact_id(),
+                             far_broker_instance = v_instance
          WHERE conversation_handle = p_handle;
     END IF;
 

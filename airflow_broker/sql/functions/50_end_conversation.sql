@@ -75,7 +75,8 @@ BEGIN
     IF e.is_initiator THEN
         SELECT send_sequence INTO v_peer_sent FROM endpoints
          WHERE conversation_handle = e.far_handle;
-        IF e.message0_xid = pg_current_xact_id() AND coalesce(v_peer_sent, 0) = 0 THEN
+        IF (e.message0_xid = pg_current_xact_id() AND coalesce(v_peer_sent, 0) = 0)
+           OR (e.is_remote AND NOT e.message0_acked AND e.inbound_sequence = 0) THEN
             v_warning := 'fire_and_forget';
         END IF;
     END IF;
@@ -94,7 +95,7 @@ BEGIN
     v_status := (SELECT transmission_status FROM transmissions
                   WHERE conversation_handle = p_handle
                   ORDER BY message_sequence_number DESC LIMIT 1);
-    IF v_status IS NULL AND e.far_handle IS NOT NULL THEN
+    IF v_status IS NULL AND (e.far_handle IS NOT NULL OR e.is_remote) THEN
         v_status := deliver(p_handle, e.conversation_id, e.is_initiator, e.service_contract_id,
                             v_service, e.far_handle, e.far_service, e.lifetime, e.priority,
                             e.send_sequence, v_type, v_body);

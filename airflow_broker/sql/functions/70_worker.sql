@@ -59,8 +59,9 @@ BEGIN
 END
 $$;
 
--- Delivers, in order, what waits in the transmission queue: for a target queue that was
--- disabled, or a service that did not exist yet. Retries back off 4, 8, 16, 32, then 64 s.
+-- Delivers, in order, what waits in the transmission queue for a peer in this broker: for a
+-- target queue that was disabled, a service or route that did not exist yet, or while the
+-- broker was disabled. Retries back off 4, 8, 16, 32, then 64 s.
 CREATE OR REPLACE FUNCTION retry_transmissions(p_limit integer DEFAULT 1000,
                                                p_all boolean DEFAULT false)
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -74,7 +75,10 @@ DECLARE
 BEGIN
     FOR c IN
         SELECT t.conversation_handle FROM transmissions t
-         WHERE p_all OR t.next_attempt_at IS NULL OR t.next_attempt_at <= v_now
+         WHERE (p_all OR t.next_attempt_at IS NULL OR t.next_attempt_at <= v_now)
+           -- Conversations with a peer in another broker are the transport's.
+           AND NOT EXISTS (SELECT 1 FROM endpoints r
+                            WHERE r.conversation_handle = t.conversation_handle AND r.is_remote)
          GROUP BY t.conversation_handle
          ORDER BY min(t.transmission_id)
          LIMIT p_limit
@@ -92,9 +96,16 @@ BEGIN
                                 e.service_contract_id, e.service_name, e.far_handle,
                                 e.far_service, e.lifetime, m.priority,
                                 m.message_sequence_number, m.message_type_id, m.message_body);
-            IF v_status IS NOT NULL THEN
+            IF v_status = '' THEN
+                -- Routed to another broker just now: the transport takes it from here.
+                UPDATE transmissions SET transmission_status = '', next_attempt_at = v_now,
+                                         attempts = 0
+                 WHERE conversation_handle = c.conversation_handle;
+                EXIT;
+            ELSIF v_status IS NOT NULL THEN
                 UPDATE transmissions
                    SET transmission_status = v_status, attempts = attempts + 1,
+                       last_attempt_at = v_now,
                        next_attempt_at = v_now + make_interval(
                            secs => least(64, 4 * power(2, least(attempts, 4))::integer))
                  WHERE conversation_handle = c.conversation_handle;

@@ -67,22 +67,46 @@ SELECT e.conversation_handle, e.conversation_id, e.is_initiator, e.service_contr
        '00000000-0000-0000-0000-000000000000'::uuid AS inbound_session_key_identifier,
        e.security_timestamp, e.dialog_timer, e.send_sequence, e.last_send_tran_id,
        e.end_dialog_sequence,
-       -- With local delivery every message the peer numbered has arrived.
-       coalesce(peer.send_sequence, e.receive_sequence) AS receive_sequence,
+       -- With local delivery every message the peer numbered has arrived; from another
+       -- broker, the next one expected in order.
+       CASE WHEN e.is_remote THEN e.inbound_sequence
+            ELSE coalesce(peer.send_sequence, e.receive_sequence) END AS receive_sequence,
        0 AS receive_sequence_frag, e.system_sequence,
-       0::bigint AS first_out_of_order_sequence, 0::bigint AS last_out_of_order_sequence,
+       coalesce(held.first_seq, 0) AS first_out_of_order_sequence,
+       coalesce(held.last_seq, 0) AS last_out_of_order_sequence,
        0 AS last_out_of_order_frag,
        e.is_system, e.priority
   FROM endpoints e
-  LEFT JOIN endpoints peer ON peer.conversation_handle = e.far_handle;
+  LEFT JOIN endpoints peer ON peer.conversation_handle = e.far_handle
+  LEFT JOIN LATERAL (
+      SELECT min(m.message_sequence_number) AS first_seq,
+             max(m.message_sequence_number) AS last_seq
+        FROM queue_messages m
+       WHERE e.is_remote AND m.conversation_handle = e.conversation_handle AND m.status = 2
+  ) held ON true;
 
+-- Beyond SQL Server's columns: how often delivery was tried, when last and when next.
 CREATE OR REPLACE VIEW transmission_queue AS
-SELECT t.conversation_handle, t.to_service_name, t.to_broker_instance, t.from_service_name,
-       t.service_contract_name, t.enqueue_time, t.message_sequence_number,
-       mt.name AS message_type_name, t.is_conversation_error, t.is_end_of_dialog,
-       t.message_body, t.transmission_status, t.priority
+SELECT t.conversation_handle, t.to_service_name,
+       coalesce(e.far_broker_instance, e.to_broker_instance) AS to_broker_instance,
+       t.from_service_name, t.service_contract_name, t.enqueue_time,
+       t.message_sequence_number, mt.name AS message_type_name, t.is_conversation_error,
+       t.is_end_of_dialog, t.message_body, t.transmission_status, t.priority,
+       t.attempts, t.last_attempt_at, t.next_attempt_at
   FROM transmissions t
-  JOIN message_types mt ON mt.message_type_id = t.message_type_id;
+  JOIN message_types mt ON mt.message_type_id = t.message_type_id
+  LEFT JOIN endpoints e ON e.conversation_handle = t.conversation_handle;
+
+CREATE OR REPLACE VIEW routes AS
+SELECT name, route_id, 1 AS principal_id, remote_service_name, broker_instance, lifetime,
+       address, mirror_address
+  FROM route_defs;
+
+-- sys.databases, for this broker: its instance id and whether it delivers.
+CREATE OR REPLACE VIEW databases AS
+SELECT current_database()::text AS name, broker_schema() AS broker_schema,
+       service_broker_guid, is_broker_enabled
+  FROM broker_identity;
 
 -- Sessions waiting in WAITFOR(RECEIVE) per queue (tasks_waiting of
 -- sys.dm_broker_queue_monitors); waiters whose session is gone are not counted.
