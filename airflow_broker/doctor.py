@@ -15,6 +15,7 @@ from psycopg import sql
 from airflow_broker import migrations
 from airflow_broker.activation import is_python_target, load_target
 from airflow_broker.broker import Broker
+from airflow_broker.transport import AddressError, masked, resolve_address
 
 ERROR = "error"
 WARNING = "warning"
@@ -158,8 +159,9 @@ def check_leaks(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Itera
 
 def check_transmission_queue(conn: psycopg.Connection[tuple[Any, ...]],
                              schema: str) -> Iterator[Finding]:
-    for to_service, status, waiting, oldest in _rows(conn, """
-            SELECT to_service_name, transmission_status, count(*), min(enqueue_time)
+    for to_service, status, waiting, oldest, attempts, next_attempt in _rows(conn, """
+            SELECT to_service_name, transmission_status, count(*), min(enqueue_time),
+                   max(attempts), min(next_attempt_at)
               FROM {s}.transmission_queue GROUP BY 1, 2 ORDER BY 3 DESC""", schema):
         near = _rows(conn, """SELECT name FROM {s}.service_defs
                                WHERE lower(name) = lower(%s) AND name <> %s""",
@@ -168,9 +170,116 @@ def check_transmission_queue(conn: psycopg.Connection[tuple[Any, ...]],
                 "case included." if near else "")
         yield Finding(
             WARNING, "transmission queue", to_service,
-            f"{waiting} messages wait since {oldest}: {status}{hint}",
+            f"{waiting} messages wait since {oldest} ({attempts} attempts, next at "
+            f"{next_attempt}): {status or 'not attempted yet'}{hint}",
             "create the service (or correct the TO SERVICE name), or enable the target queue; "
             "held messages are delivered on the next retry")
+
+
+def check_routes(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
+    """Routes in both directions: every route's far broker is reachable, has the service, and
+    has a route back to each local service that talks to it (without one, messages arrive
+    but are never acknowledged and are sent again for ever)."""
+    me = str(_rows(conn, "SELECT service_broker_guid FROM {s}.broker_identity", schema)[0][0])
+    for far_service, in _rows(conn, """
+            SELECT DISTINCT far_service FROM {s}.endpoints
+             WHERE is_remote AND state NOT IN ('CD', 'ER')
+               AND coalesce({s}.route_address(far_service,
+                                              coalesce(far_broker_instance, to_broker_instance)),
+                             'LOCAL') = 'LOCAL'
+             ORDER BY 1""", schema):
+        yield Finding(
+            ERROR, "routes", far_service,
+            "conversations with this service in another broker have no route to it: "
+            "replies wait in the transmission queue and what it sends cannot be "
+            "acknowledged",
+            f"CREATE ROUTE ... WITH SERVICE_NAME = '{far_service}', ADDRESS = "
+            "'postgresql://...' (create_route)")
+    for name, service, instance, address in _rows(conn, """
+            SELECT name, remote_service_name, broker_instance, address FROM {s}.route_defs
+             WHERE address NOT IN ('LOCAL', 'TRANSPORT')
+               AND (lifetime IS NULL OR lifetime > {s}.utc_now())
+             ORDER BY name""", schema):
+        senders = [r[0] for r in _rows(conn, """
+            SELECT DISTINCT s.name FROM {s}.endpoints e JOIN {s}.service_defs s USING (service_id)
+             WHERE e.is_remote AND (%s::text IS NULL OR e.far_service = %s)
+            UNION
+            SELECT DISTINCT from_service_name FROM {s}.transmissions
+             WHERE %s::text IS NULL OR to_service_name = %s
+             ORDER BY 1""", schema, (service, service, service, service))]
+        yield from _check_far_broker(name, service, instance, address, me, senders)
+    for far_service, status, waiting in _rows(conn, """
+            SELECT e.far_service, e.transmission_status, count(*) FROM {s}.endpoints e
+             WHERE e.is_remote AND e.transmission_status <> ''
+               AND NOT EXISTS (SELECT 1 FROM {s}.transmissions t
+                                WHERE t.conversation_handle = e.conversation_handle)
+             GROUP BY 1, 2 ORDER BY 3 DESC""", schema):
+        yield Finding(
+            ERROR, "routes", far_service,
+            f"{waiting} conversations cannot acknowledge what {far_service!r} sent them: "
+            f"{status}",
+            f"create a route here for service '{far_service}' to the broker it lives in")
+
+
+def _check_far_broker(route: str, service: str | None, instance: str | None, address: str,
+                      me: str, senders: list[str]) -> Iterator[Finding]:
+    subject = f"route {route} ({masked(address)})"
+    try:
+        far = resolve_address(address)
+        conn = psycopg.connect(far.dsn, connect_timeout=5, autocommit=True)
+    except (psycopg.Error, AddressError, OSError) as exc:
+        yield Finding(ERROR, "routes", subject,
+                      f"the far broker is unreachable: {str(exc).strip().splitlines()[0]}",
+                      "check the address (ALTER ROUTE) and that the server is running")
+        return
+    with conn:
+        try:
+            guid, enabled = conn.execute(sql.SQL(
+                "SELECT service_broker_guid::text, is_broker_enabled FROM {}.broker_identity"
+            ).format(sql.Identifier(far.schema))).fetchone() or (None, None)
+        except psycopg.Error:
+            yield Finding(ERROR, "routes", subject,
+                          f"there is no broker schema {far.schema!r} at this address",
+                          "install the broker there (airflow-broker install), or name its "
+                          "schema with broker_schema=... in the address")
+            return
+        if guid == me:
+            yield Finding(ERROR, "routes", subject,
+                          f"the far broker has this broker's own instance id {me} (a copied or "
+                          "restored database): neither will accept the other's messages",
+                          "ALTER DATABASE ... SET NEW_BROKER (alter_broker('NEW_BROKER')) in "
+                          "one of them")
+        if instance is not None and instance != guid:
+            yield Finding(ERROR, "routes", subject,
+                          f"BROKER_INSTANCE is {instance} but the address leads to broker "
+                          f"{guid}", "correct BROKER_INSTANCE or ADDRESS (ALTER ROUTE)")
+        if not enabled:
+            yield Finding(WARNING, "routes", subject,
+                          "the far broker is disabled (DISABLE_BROKER): messages wait",
+                          "ALTER DATABASE ... SET ENABLE_BROKER there")
+        s = sql.Identifier(far.schema)
+        if service is not None and conn.execute(
+                sql.SQL("SELECT 1 FROM {}.service_defs WHERE name = %s").format(s),
+                [service]).fetchone() is None:
+            near = conn.execute(sql.SQL("SELECT name FROM {}.service_defs"
+                                        " WHERE lower(name) = lower(%s)").format(s),
+                                [service]).fetchone()
+            hint = (f"; it has {near[0]!r}: service names match byte for byte, case included"
+                    if near else "")
+            yield Finding(ERROR, "routes", subject,
+                          f"the far broker has no service {service!r}{hint}",
+                          "create the service there, or correct the route's SERVICE_NAME")
+        for sender in senders:
+            back = conn.execute(sql.SQL("SELECT {}.route_address(%s, %s)").format(s),
+                                [sender, me]).fetchone()
+            if back is None or back[0] in (None, "LOCAL"):
+                yield Finding(
+                    ERROR, "routes", subject,
+                    f"the far broker has no route back to service {sender!r}: what this broker "
+                    "sends arrives there but is never acknowledged, and is sent again and "
+                    "again (the classic missing return route)",
+                    f"on the far broker: CREATE ROUTE ... WITH SERVICE_NAME = '{sender}', "
+                    "ADDRESS = '<this broker's address>'")
 
 
 def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
@@ -219,6 +328,7 @@ CHECKS: dict[str, Check] = {
     "queue monitors": check_monitors,
     "endpoint leaks": check_leaks,
     "transmission queue": check_transmission_queue,
+    "routes": check_routes,
     "services": check_services,
 }
 

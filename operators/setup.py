@@ -1,10 +1,10 @@
 """Declarative broker setup: message types, XML schema collections, contracts, queues,
-services and event notifications from a dict or YAML, applied idempotently.
+services, event notifications and routes from a dict or YAML, applied idempotently.
 
-Objects that exist and match are left alone; queues and services that differ are altered;
-message types are altered; event notifications are dropped and created again. Contracts and
-XML schema collections cannot be altered (SQL Server has no ALTER CONTRACT either), so a
-difference there is an error that names the object. Everything happens in one transaction.
+Objects that exist and match are left alone; queues, services, message types and routes that
+differ are altered; event notifications are dropped and created again. Contracts and XML schema
+collections cannot be altered (SQL Server has no ALTER CONTRACT either), so a difference there
+is an error that names the object. Everything happens in one transaction.
 
 Spec::
 
@@ -20,6 +20,9 @@ Spec::
     event_notifications:
       - {name: alerts, queue_name: TraderQueue, events: [BROKER_QUEUE_DISABLED],
          service_name: //Alerts/Service}
+    routes:
+      - {name: brokerage, service_name: //Trading/BrokerageService,
+         address: "airflow://brokerage_db"}
 
 Each section may also be a mapping from name to settings.
 """
@@ -38,7 +41,8 @@ from airflow_broker import Transaction
 from airflow_broker.errors import BrokerError
 
 SECTIONS = ("xml_schema_collections", "message_types", "contracts", "queues", "services",
-            "event_notifications")
+            "event_notifications", "routes")
+ROUTE_SETTINGS = ("address", "service_name", "broker_instance", "mirror_address")
 VALIDATIONS = ("NONE", "EMPTY", "WELL_FORMED_XML", "VALID_XML")
 DIRECTIONS = ("INITIATOR", "TARGET", "ANY")
 QUEUE_SETTINGS = ("status", "retention", "activation_status", "activation_procedure",
@@ -150,6 +154,11 @@ class _Catalog:
             " JOIN {schema}.contracts c USING (service_contract_id) WHERE u.service_id = %s",
             [rows[0][0]])
         return rows[0][1], {c for (c,) in contracts}
+
+    def route(self, name: str) -> dict[str, Any] | None:
+        rows = self.rows("SELECT address, remote_service_name, broker_instance, mirror_address"
+                         " FROM {schema}.routes WHERE name = %s", [name])
+        return dict(zip(ROUTE_SETTINGS, rows[0], strict=True)) if rows else None
 
     def event_notification(self, name: str, queue_name: str) -> tuple[set[str], str, str] | None:
         rows = self.rows(
@@ -288,6 +297,29 @@ def apply_spec(tx: Transaction, spec: Mapping[str, Any] | str | None) -> SetupRe
             tx.drop_event_notification(name, queue_name)
         tx.create_event_notification(name, queue_name, events, service_name, instance)
         (report.altered if found_notification is not None else report.created).append(label)
+
+    for entry in objects["routes"]:
+        name = entry["name"]
+        if not entry.get("address"):
+            raise SpecError(f"route {name} needs an address")
+        wanted_route = {k: entry.get(k) for k in ROUTE_SETTINGS}
+        if wanted_route["broker_instance"] is not None:
+            wanted_route["broker_instance"] = str(wanted_route["broker_instance"]).lower()
+        label = f"route {name}"
+        found_route = catalog.route(name)
+        if found_route is None:
+            tx.create_route(name, str(entry["address"]), lifetime=entry.get("lifetime"),
+                            service_name=wanted_route["service_name"],
+                            broker_instance=wanted_route["broker_instance"],
+                            mirror_address=wanted_route["mirror_address"])
+            report.created.append(label)
+        elif found_route != wanted_route:
+            # An empty string removes a setting in ALTER ROUTE.
+            tx.alter_route(name, lifetime=entry.get("lifetime"),
+                           **{k: ("" if v is None else v) for k, v in wanted_route.items()})
+            report.altered.append(label)
+        else:
+            report.unchanged.append(label)
 
     return report
 
