@@ -9,11 +9,12 @@ from pathlib import Path
 import psycopg
 
 from airflow_broker import Broker
+from tests.brokers import route_uri
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_example_runs(dsn: str) -> None:
+def test_readme_example_runs(dsn: str, far_dsn: str) -> None:
     readme = (ROOT / "README.md").read_text()
     example, *snippets = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
     assert "with Broker() as broker:" in example
@@ -24,6 +25,21 @@ def test_readme_example_runs(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         states = conn.execute("SELECT is_initiator, state FROM broker.conversation_endpoints")
         assert states.fetchall() == [(False, "CD")]  # the target waits for reclaim
+    # The example between two databases runs on this database and a second one.
+    [between] = [s for s in snippets if "postgresql://app@db1/trading" in s]
+    snippets.remove(between)
+    code = (between.replace('"postgresql://app@db1/trading"', repr(route_uri(dsn)))
+            .replace('"postgresql://app@db2/brokerage"', repr(route_uri(far_dsn))))
+    namespace: dict[str, object] = {"Broker": Broker}
+    exec(compile(code, "README.md", "exec"), namespace)
+    with psycopg.connect(dsn) as conn:
+        waiting = conn.execute("SELECT to_service_name, transmission_status"
+                               " FROM broker.transmission_queue").fetchall()
+    assert waiting == [("//Trading/BrokerageService", "")]
+    for name in ("trader", "brokerage"):
+        opened = namespace[name]
+        assert isinstance(opened, Broker)
+        opened.close()
     # The shorter snippets run inside a transaction, as their text assumes.
     for snippet in snippets:
         with Broker(dsn) as broker, broker.transaction() as tx:
