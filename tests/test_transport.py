@@ -643,3 +643,23 @@ def test_transport_address_service_names_need_a_transport_route(pair: Pair) -> N
     worker(pair.a).run_once(transmit=False)
     pair.pump()
     assert [m.text() for m in receive_all(pair.b, "q_t")] == ["by address"]
+
+
+def test_send_many_to_a_remote_peer_waits_behind_the_conversations_back_off(pair: Pair) -> None:
+    with pair.a.transaction() as tx:
+        tx.create_route("to_T", "postgresql://nobody@127.0.0.1:1/nowhere", service_name="T")
+    h = pair.dialog()
+    send(pair, h, "first")
+    pair.ta.step()  # unreachable: the conversation backs off
+    with pair.a.transaction() as tx:
+        tx.send_many(h, "Req", ["a", "b", "c"])
+    waiting = rows(pair.a, "SELECT message_sequence_number, next_attempt_at, transmission_status"
+                           " FROM broker.transmission_queue ORDER BY 1")
+    assert [w[0] for w in waiting] == [0, 1, 2, 3]
+    assert len({(w[1], w[2]) for w in waiting}) == 1  # one schedule, one status
+    assert pair.ta.step().sent == 0
+    with pair.a.transaction() as tx:
+        tx.alter_route("to_T", address=pair.b_uri)
+    pair.routes(forward=False)
+    pair.pump()
+    assert [m.text() for m in receive_all(pair.b, "q_t")] == ["first", "a", "b", "c"]

@@ -358,7 +358,8 @@ $$;
 
 -- Several messages of one type on one conversation in one call (a batch of SENDs): the first
 -- goes through send() with every check; the rest, when nothing about them needs a decision
--- per message, go on the peer's queue in one INSERT with consecutive sequence numbers.
+-- per message, go in one INSERT with consecutive sequence numbers: on the peer's queue, or
+-- for a peer in another broker into the transmission queue.
 CREATE OR REPLACE FUNCTION send_many(p_handle uuid, p_message_type text, p_bodies bytea[],
                                      p_checked_as text, p_xml_errors text[])
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -367,6 +368,8 @@ DECLARE
     v_type message_types;
     e record;
     v_fast boolean;
+    v_valid boolean;
+    v_inserted integer;
 BEGIN
     IF v_count = 0 THEN
         RETURN;
@@ -377,7 +380,7 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO v_type FROM message_types WHERE name = p_message_type;
-    SELECT ce.send_sequence, ce.priority, ce.service_contract_id, ce.state,
+    SELECT ce.send_sequence, ce.priority, ce.service_contract_id, ce.state, ce.is_remote,
            p.conversation_handle AS peer_handle, p.conversation_group_id AS peer_group,
            p.service_id AS peer_service, ps.service_queue_id AS peer_queue,
            pq.is_enqueue_enabled AS peer_enabled, oq.is_retention_enabled AS retention
@@ -390,10 +393,7 @@ BEGIN
       LEFT JOIN service_defs ps ON ps.service_id = p.service_id
       LEFT JOIN queues pq ON pq.object_id = ps.service_queue_id
      WHERE ce.conversation_handle = p_handle;
-    v_fast := e.state = 'CO' AND e.peer_handle IS NOT NULL AND e.peer_enabled
-              AND NOT e.retention
-              AND NOT EXISTS (SELECT 1 FROM transmissions WHERE conversation_handle = p_handle)
-              AND (v_type.validation_kind = 'NONE'
+    v_valid := (v_type.validation_kind = 'NONE'
                    OR (v_type.validation_kind = 'EMPTY'
                        AND NOT EXISTS (SELECT 1 FROM unnest(p_bodies[2:]) b
                                         WHERE nullif(b, '\x'::bytea) IS NOT NULL))
@@ -402,6 +402,32 @@ BEGIN
                                THEN ':' || v_type.xml_collection_id ELSE '' END
                        AND NOT EXISTS (SELECT 1 FROM unnest(p_xml_errors[2:]) x
                                         WHERE x IS NOT NULL)));
+    IF e.state = 'CO' AND e.is_remote AND NOT e.retention AND v_valid THEN
+        -- A peer in another broker: the rest wait in the transmission queue behind the first,
+        -- with its status and schedule, for the transport.
+        INSERT INTO transmissions (conversation_handle, to_service_name, from_service_name,
+                                   service_contract_name, enqueue_time, message_sequence_number,
+                                   message_type_id, message_body, priority,
+                                   transmission_status, message_id, next_attempt_at, attempts)
+        SELECT t.conversation_handle, t.to_service_name, t.from_service_name,
+               t.service_contract_name, t.enqueue_time, e.send_sequence + x.ord - 1,
+               v_type.message_type_id, nullif(x.body, '\x'::bytea), t.priority,
+               t.transmission_status, gen_random_uuid(), t.next_attempt_at, t.attempts
+          FROM (SELECT * FROM transmissions
+                 WHERE conversation_handle = p_handle
+                 ORDER BY message_sequence_number DESC LIMIT 1) t,
+               unnest(p_bodies[2:]) WITH ORDINALITY AS x(body, ord);
+        GET DIAGNOSTICS v_inserted = ROW_COUNT;
+        -- (None when the first message was refused and the conversation failed.)
+        IF v_inserted > 0 THEN
+            UPDATE endpoints SET send_sequence = send_sequence + v_count - 1
+             WHERE conversation_handle = p_handle;
+            RETURN;
+        END IF;
+    END IF;
+    v_fast := e.state = 'CO' AND e.peer_handle IS NOT NULL AND e.peer_enabled
+              AND NOT e.retention AND v_valid
+              AND NOT EXISTS (SELECT 1 FROM transmissions WHERE conversation_handle = p_handle);
     IF NOT v_fast THEN
         FOR i IN 2 .. v_count LOOP
             PERFORM send(ARRAY[p_handle], p_message_type, p_bodies[i], p_bodies[i] IS NULL,
