@@ -166,21 +166,23 @@ BEGIN
         -- Addressed to this very broker ('CURRENT DATABASE' or its own guid).
         RETURN 'LOCAL';
     END IF;
-    FOR step IN 1 .. 4 LOOP
-        SELECT array_agg(r.address ORDER BY r.route_id) INTO v_candidates
+    -- The steps of spec 21.2 in one statement: the candidates of the first step that has any.
+    WITH matching AS (
+        SELECT r.address, r.route_id,
+               CASE WHEN r.remote_service_name IS NULL THEN 4
+                    WHEN r.broker_instance = v_instance THEN 1
+                    WHEN r.broker_instance IS NULL THEN 2
+                    WHEN v_instance IS NULL THEN 3 END AS step
           FROM route_defs r
-         WHERE (r.lifetime IS NULL OR r.lifetime > v_now)
+         WHERE (r.remote_service_name = p_service
+                OR (r.remote_service_name IS NULL AND r.broker_instance IS NULL))
+           AND (r.lifetime IS NULL OR r.lifetime > v_now)
            -- A route to this broker cannot reach a conversation pinned to another one.
            AND NOT (r.address = 'LOCAL' AND v_instance IS NOT NULL)
-           AND CASE step
-                   WHEN 1 THEN r.remote_service_name = p_service
-                               AND r.broker_instance = v_instance
-                   WHEN 2 THEN r.remote_service_name = p_service AND r.broker_instance IS NULL
-                   WHEN 3 THEN r.remote_service_name = p_service AND v_instance IS NULL
-                   ELSE r.remote_service_name IS NULL AND r.broker_instance IS NULL
-               END;
-        EXIT WHEN v_candidates IS NOT NULL;
-    END LOOP;
+    )
+    SELECT array_agg(m.address ORDER BY m.route_id) INTO v_candidates
+      FROM matching m
+     WHERE m.step = (SELECT min(step) FROM matching);
     IF v_candidates IS NULL THEN
         RETURN NULL;
     END IF;
