@@ -107,10 +107,11 @@ class Transport:
     """
 
     def __init__(self, broker: Broker, *, batch_size: int = 1000,
-                 connect_timeout: int = 5) -> None:
+                 connect_timeout: int = 5, statement_timeout: float = 60.0) -> None:
         self.broker = broker
         self.batch_size = batch_size
         self.connect_timeout = connect_timeout
+        self.statement_timeout = statement_timeout
         self._far: dict[str, psycopg.Connection[TupleRow]] = {}
         self._lock = threading.Lock()
         s = sql.Identifier(broker.schema)
@@ -184,6 +185,9 @@ class Transport:
             conn = psycopg.connect(
                 far.dsn, autocommit=True, connect_timeout=self.connect_timeout,
                 application_name=f"{self.broker.application_name}-transport")
+            # A far server that hangs must not hold this broker's conversations for ever.
+            conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                         [f"{int(self.statement_timeout * 1000)}ms"])
             self._far[address] = conn
         return conn
 

@@ -663,3 +663,21 @@ def test_send_many_to_a_remote_peer_waits_behind_the_conversations_back_off(pair
     pair.routes(forward=False)
     pair.pump()
     assert [m.text() for m in receive_all(pair.b, "q_t")] == ["first", "a", "b", "c"]
+
+
+def test_a_far_broker_that_hangs_times_out_and_is_retried(pair: Pair) -> None:
+    import psycopg
+
+    from airflow_broker.transport import Transport
+
+    pair.routes()
+    send(pair, pair.dialog(), "x")
+    impatient = Transport(pair.a, statement_timeout=1.0)
+    pair.transports.append(impatient)
+    with psycopg.connect(pair.b.dsn) as blocker:
+        blocker.execute("LOCK TABLE broker.endpoints IN ACCESS EXCLUSIVE MODE")
+        result = impatient.step()
+        assert result.held == 1
+    assert "statement timeout" in tq(pair.a)[0][8]
+    advance(pair.a, 5)
+    assert impatient.step().acknowledged == 1
