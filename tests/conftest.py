@@ -28,20 +28,27 @@ from tests.brokers import Pair, deploy_application, route_uri
 TEMPLATE = "airflow_broker_test_template"
 
 
-@pytest.fixture(scope="session")
-def embedded_server() -> Iterator[EmbeddedPostgres | None]:
-    if os.environ.get("AIRFLOW_BROKER_TEST_DSN"):
-        yield None
-        return
-    # Not under pytest's basetemp: pytest prunes old basetemp folders, also those of another
-    # test session still running on the same machine.
-    data_dir = tempfile.mkdtemp(prefix="airflow-broker-test-pg-")
+@contextmanager
+def embedded_in_temp_dir(prefix: str) -> Iterator[EmbeddedPostgres]:
+    """An embedded PostgreSQL in a directory of its own, removed afterwards. Not under
+    pytest's basetemp: pytest prunes old basetemp folders, also those of another test session
+    still running on the same machine."""
+    data_dir = tempfile.mkdtemp(prefix=prefix)
     server = EmbeddedPostgres(data_dir)
     try:
         yield server
     finally:
         server.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def embedded_server() -> Iterator[EmbeddedPostgres | None]:
+    if os.environ.get("AIRFLOW_BROKER_TEST_DSN"):
+        yield None
+        return
+    with embedded_in_temp_dir("airflow-broker-test-pg-") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

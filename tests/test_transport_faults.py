@@ -5,11 +5,9 @@ exactly once and in order."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -32,6 +30,7 @@ from tests.brokers import (
     route_uri,
     rows,
 )
+from tests.conftest import embedded_in_temp_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 CONVERSATIONS = 10
@@ -85,13 +84,10 @@ def assert_exactly_once_in_order(pair: Pair, handles: list[uuid.UUID],
 
 @pytest.fixture
 def second_server() -> Iterator[EmbeddedPostgres]:
-    data_dir = tempfile.mkdtemp(prefix="airflow-broker-test-far-pg-")
-    server = EmbeddedPostgres(data_dir)
-    try:
+    """A PostgreSQL server of its own (the far broker's), even when the tests use an external
+    one."""
+    with embedded_in_temp_dir("airflow-broker-test-far-pg-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def wait_for(condition: Callable[[], bool], limit: float = 120.0) -> None:

@@ -112,6 +112,7 @@ DECLARE
     v_reject record;
     v_next bigint;
     v_released integer;
+    v_early boolean;
     v_now timestamp := utc_now();
 BEGIN
     o_outcome := 'ack';
@@ -287,29 +288,24 @@ BEGIN
         o_peer_flag := true;
     END IF;
 
-    IF v_kind <> 'error' AND p_seq > e.inbound_sequence THEN
-        -- Early: held (status 2, not receivable) until the gap before it is filled.
-        IF NOT EXISTS (SELECT 1 FROM queue_messages
-                        WHERE conversation_handle = e.conversation_handle
-                          AND message_sequence_number = p_seq AND status = 2) THEN
-            INSERT INTO queue_messages (queue_id, status, priority, conversation_group_id,
-                                        conversation_handle, message_sequence_number,
-                                        precedence, service_id, service_contract_id,
-                                        message_type_id, message_body, message_id, enqueued_at)
-            VALUES (v_queue, 2, e.priority, e.conversation_group_id, e.conversation_handle,
-                    p_seq, 2, e.service_id, v_contract, v_type.message_type_id, v_body,
-                    gen_random_uuid(), v_now);
-        END IF;
+    -- Early (later than the next one expected): held with status 2, not receivable, until
+    -- the gap before it is filled. An Error is never early.
+    v_early := v_kind <> 'error' AND p_seq > e.inbound_sequence;
+    IF v_early AND EXISTS (SELECT 1 FROM queue_messages
+                            WHERE conversation_handle = e.conversation_handle
+                              AND message_sequence_number = p_seq AND status = 2) THEN
         RETURN;
     END IF;
-
-    INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
-                                message_sequence_number, precedence, service_id,
-                                service_contract_id, message_type_id, message_body, message_id,
-                                enqueued_at)
-    VALUES (v_queue, e.priority, e.conversation_group_id, e.conversation_handle, p_seq,
-            CASE v_kind WHEN 'error' THEN 1 ELSE 2 END, e.service_id, v_contract,
-            v_type.message_type_id, v_body, gen_random_uuid(), v_now);
+    INSERT INTO queue_messages (queue_id, status, priority, conversation_group_id,
+                                conversation_handle, message_sequence_number, precedence,
+                                service_id, service_contract_id, message_type_id, message_body,
+                                message_id, enqueued_at)
+    VALUES (v_queue, CASE WHEN v_early THEN 2 ELSE 1 END, e.priority, e.conversation_group_id,
+            e.conversation_handle, p_seq, CASE v_kind WHEN 'error' THEN 1 ELSE 2 END,
+            e.service_id, v_contract, v_type.message_type_id, v_body, gen_random_uuid(), v_now);
+    IF v_early THEN
+        RETURN;
+    END IF;
     v_next := p_seq + 1;
     IF v_kind = 'error' THEN
         -- An Error ends the dialog whatever is still missing before it; what arrived early
