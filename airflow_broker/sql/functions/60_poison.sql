@@ -30,6 +30,7 @@ DECLARE
     v_streak integer;
     v_streak_messages uuid[];
     v_disabled integer := 0;
+    v_now timestamp := utc_now();
 BEGIN
     FOR q IN
         SELECT object_id FROM queues
@@ -53,7 +54,7 @@ BEGIN
                 v_streak := v_streak + 1;
                 v_streak_messages := v_streak_messages || r.message_ids;
                 INSERT INTO message_attempts (message_id, queue_id, attempts, last_failed_at)
-                SELECT m, q.object_id, 1, utc_now() FROM unnest(r.message_ids) m
+                SELECT m, q.object_id, 1, v_now FROM unnest(r.message_ids) m
                 ON CONFLICT (message_id) DO UPDATE
                    SET attempts = message_attempts.attempts + 1,
                        last_failed_at = EXCLUDED.last_failed_at;

@@ -202,7 +202,7 @@ SELECT t.pid AS spid,
 -- and on again (ALTER QUEUE ... ACTIVATION (STATUS = OFF), then ON), after fixing the reader.
 CREATE OR REPLACE VIEW stuck_queue_monitors AS
 SELECT m.queue_id, m.queue_name, m.schema_name, m.state_since,
-       utc_now() - m.state_since AS stuck_for, m.last_activated_time
+       (SELECT utc_now()) - m.state_since AS stuck_for, m.last_activated_time
   FROM dm_broker_queue_monitors m
- WHERE m.state = 'NOTIFIED' AND m.state_since < utc_now() - interval '60 seconds'
+ WHERE m.state = 'NOTIFIED' AND m.state_since < (SELECT utc_now()) - interval '60 seconds'
    AND EXISTS (SELECT 1 FROM queue_messages x WHERE x.queue_id = m.queue_id AND x.status = 1);

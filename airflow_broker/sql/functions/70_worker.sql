@@ -37,10 +37,13 @@ RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     e record;
     v_count integer := 0;
+    -- A variable, not utc_now() in the WHERE: a volatile call there is evaluated per row and
+    -- cannot bound the index scan.
+    v_now timestamp := utc_now();
 BEGIN
     FOR e IN
         SELECT conversation_handle, state FROM endpoints
-         WHERE state IN ('SO', 'CO', 'DI', 'DO') AND lifetime <= utc_now()
+         WHERE state IN ('SO', 'CO', 'DI', 'DO') AND lifetime <= v_now
          ORDER BY lifetime
          LIMIT p_limit
            FOR NO KEY UPDATE SKIP LOCKED

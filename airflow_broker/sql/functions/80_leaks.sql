@@ -7,7 +7,7 @@ SELECT e.conversation_handle, e.conversation_id, s.name AS service_name, e.far_s
        e.lifetime, e.created_at
   FROM endpoints e JOIN service_defs s USING (service_id)
  WHERE e.state = 'CD' AND NOT e.is_initiator AND e.security_timestamp = '1900-01-01'
-   AND e.lifetime > utc_now() + interval '1 month';
+   AND e.lifetime > (SELECT utc_now()) + interval '1 month';  -- evaluated once, not per row
 
 CREATE OR REPLACE VIEW leaked_endpoint_counts AS
 SELECT service_name, far_service, count(*) AS leaked, min(created_at) AS oldest
