@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run of a few seconds: tiny sizes, numbers not meaningful")
     parser.add_argument("--only", help=f"comma-separated scenarios among {','.join(SCENARIOS)}")
-    parser.add_argument("--samples", type=int, help="wake-up latency samples per side (200)")
+    parser.add_argument("--samples", type=int,
+                        help="latency samples per side in e and k (200; --quick: 3)")
     parser.add_argument("--sizes", help="cost-growth sizes, comma-separated "
                         "(default 1000,100000,1000000; --quick: 1000,10000)")
     parser.add_argument("--drain", type=int,

@@ -30,7 +30,7 @@ from bench.report import Scenario
 from bench.workers import LoadTask, Measurement, WorkerPool
 
 DSN_ENV = "AIRFLOW_BROKER_BENCH_DSN"
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k")
 PGMQ_QUEUES = ("bench_send", "bench_recv1", "bench_recv100", "bench_wait", "bench_growth",
                "bench_drain", "bench_request", "bench_reply")
 # Where the readers of scenario j note when they handled their first and last message.
@@ -118,17 +118,24 @@ class Env:
         warmup_ops: int = 10,
         record_latencies: bool = False,
         track_rss: bool = False,
+        dsns: Sequence[str] = (),
+        warmups: Sequence[int] = (),
+        before_go: Callable[[], None] | None = None,
     ) -> Measurement:
         """One measurement of ``workers`` processes started together; with a sequence of ops,
-        worker ``w`` runs ``op[w]`` (different roles in one measurement)."""
+        worker ``w`` runs ``op[w]`` (different roles in one measurement). ``dsns`` and
+        ``warmups``, when given, are per worker: the database each one uses (default: this
+        run's) and its warm-up transactions (default ``warmup_ops``). ``before_go`` runs after
+        the warm-ups, before the measurement starts."""
         tasks = [
-            LoadTask(op=op if isinstance(op, str) else op[w], dsn=self.dsn, worker=w,
+            LoadTask(op=op if isinstance(op, str) else op[w],
+                     dsn=dsns[w] if dsns else self.dsn, worker=w,
                      params=params, seconds=seconds,
-                     max_ops=max_ops, warmup_ops=warmup_ops,
+                     max_ops=max_ops, warmup_ops=warmups[w] if warmups else warmup_ops,
                      record_latencies=record_latencies, track_rss=track_rss)
             for w in range(workers)
         ]
-        return self.pool.run_load(tasks)
+        return self.pool.run_load(tasks, before_go)
 
 
 def durable(dsn: str) -> str:
@@ -185,7 +192,7 @@ def _environment(admin: Conn, embedded: bool) -> dict[str, Any]:
 
 
 def _run_scenarios(env: Env) -> list[Scenario]:
-    from bench import dialogs, growth, latency, memory, spark_readers, throughput
+    from bench import cross_db, dialogs, growth, latency, memory, spark_readers, throughput
 
     options = env.options
     done: dict[str, Scenario] = {}
@@ -204,6 +211,8 @@ def _run_scenarios(env: Env) -> list[Scenario]:
         done["h"] = dialogs.full_dialog(env)
     if options.selected("j"):
         done["j"] = spark_readers.drain(env)
+    if options.selected("k"):
+        done["k"] = cross_db.cross_database(env)
     # The big fills come last, so their rows never slow the small scenarios down.
     if options.selected("i"):
         done["i"] = memory.drain(env)

@@ -29,12 +29,14 @@ BUDGET_PER_SAMPLE = 0.5
 MIN_BUDGET = 5.0
 
 
-def _samples(env: Env, receiver: str, sender: str, params: OpParams, count: int,
-             rng: random.Random) -> tuple[list[float], int]:
-    """Wake-up latencies in seconds, and how many receives timed out."""
+def samples(env: Env, receiver: str, sender: str, params: OpParams, count: int,
+            rng: random.Random, *, receiver_dsn: str | None = None,
+            sender_dsn: str | None = None) -> tuple[list[float], int]:
+    """Wake-up latencies in seconds, and how many receives timed out. Receiver and sender use
+    the run's database unless given another (k: the receiver in the far broker's)."""
     pool = env.pool
-    pool.open_stepper(RECEIVER, StepperTask(receiver, env.dsn, params))
-    pool.open_stepper(SENDER, StepperTask(sender, env.dsn, params))
+    pool.open_stepper(RECEIVER, StepperTask(receiver, receiver_dsn or env.dsn, params))
+    pool.open_stepper(SENDER, StepperTask(sender, sender_dsn or env.dsn, params))
     latencies: list[float] = []
     timeouts = 0
     deadline = time.monotonic() + max(MIN_BUDGET, count * BUDGET_PER_SAMPLE)
@@ -80,7 +82,7 @@ def wakeup(env: Env) -> Scenario:
                 ours_setup.purge(conn, target)
                 pgmq_peer.purge(conn, target.queue)
             receiver, sender, params = sides[side]
-            got, missed = _samples(env, receiver, sender, params, per_round, rng)
+            got, missed = samples(env, receiver, sender, params, per_round, rng)
             latencies[side] += got
             timeouts[side] += missed
             p50 = median(got)

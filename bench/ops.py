@@ -33,6 +33,8 @@ class OpParams:
     # initiating service, the target service and the contract of the dialogs.
     reply_queue: str = ""
     dialog: tuple[str, str, str] = ("", "", "")
+    # Readers that wait (WAITFOR): how long one RECEIVE waits before it gives up, in seconds.
+    wait: float = 5.0
 
 
 class Op(Protocol):

@@ -82,6 +82,29 @@ class Receive(_BrokerOp):
             return len(tx.receive(self.queue, top=self.top))
 
 
+class WaitReceive(_BrokerOp):
+    """WAITFOR (RECEIVE TOP(batch)) and commit, for a reader fed while it reads (k): it waits
+    for messages instead of stopping at an empty queue, and stops (returns 0) only when none
+    came within ``params.wait`` seconds. Warmed up when built (its connection, its statements
+    and its WAITFOR listener), so it needs no warm-up transactions that would take messages.
+    What a RECEIVE returns after the measurement's end is not counted (``window_only``)."""
+
+    window_only = True
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        # One pooled connection for the transaction; the WAITFOR listener has its own.
+        super().__init__(dsn, connections=2)
+        self.queue = params.queue
+        self.top = params.batch
+        self.wait = params.wait
+        with self.broker.transaction() as tx:
+            tx.receive(self.queue, top=self.top, waitfor=True, timeout=0.01)
+
+    def __call__(self) -> int:
+        with self.broker.transaction() as tx:
+            return len(tx.receive(self.queue, top=self.top, waitfor=True, timeout=self.wait))
+
+
 class WaitReceiver(_BrokerOp):
     """WAITFOR (RECEIVE TOP(1)), TIMEOUT 5 s; the timestamp is taken when RECEIVE returns,
     before the commit, which is not part of the wake-up."""

@@ -30,6 +30,12 @@ class Contender:
     # What the measurement is worth, per second (default: messages of all workers).
     rate: Callable[[Measurement], float] | None = None
     unit: str = "msg/s"
+    # Per worker, when the roles differ: the database each one uses (default: the run's), and
+    # its warm-up transactions (default 10).
+    dsns: tuple[str, ...] = ()
+    warmups: tuple[int, ...] = ()
+    # Runs after the warm-ups, just before the measurement starts.
+    before_go: Callable[[], None] | None = None
 
 
 def time_budget(seconds: float) -> int:
@@ -47,6 +53,7 @@ def alternate(env: Env, scenario: str, contenders: Sequence[Contender]) -> dict[
             measured = env.measure(
                 contender.op, contender.workers, contender.params,
                 seconds=env.options.seconds, max_ops=budget,
+                dsns=contender.dsns, warmups=contender.warmups, before_go=contender.before_go,
             )
             if contender.after is not None:
                 contender.after(measured)

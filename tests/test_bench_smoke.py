@@ -2,7 +2,8 @@
 
 Only the shape of the result is checked, never a number's size: a test must not depend on how
 fast the machine is. The quick run includes the Spark readers (j), so it starts spark-submit once:
-about 15 s of the run.
+about 15 s of the run; and delivery between two brokers (k), which creates a second database on
+the server for a few seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from bench import Options, PgmqUnavailable, run
+from bench.cross_db import far_database_name
 from bench.harness import SCENARIOS, Env
 from bench.spark_readers import drain, missing_requirements
 
@@ -64,6 +66,29 @@ def test_quick_run_reports_every_scenario_for_ours_and_the_peer(bench_dsn: str) 
                 assert isinstance(value, int | float) and math.isfinite(value), (
                     scenario_id, row["name"], side, value,
                 )
+    assert_delivery_between_brokers(scenarios["k"], bench_dsn)
+
+
+def assert_delivery_between_brokers(k: dict[str, object], bench_dsn: str) -> None:
+    """k reports throughput (one message per transaction and 100) and latency (p50, p99) for
+    both sides, across two databases and within one, and drops the database it created."""
+    assert k["status"] == "measured", k
+    rows = cast(list[dict[str, object]], k["rows"])
+    names = [str(row["name"]) for row in rows]
+    assert len(rows) == 4, names
+    assert sum("received/s" in name for name in names) == 2, names
+    assert [name.rsplit(", ", 1)[-1] for name in names[2:]] == ["p50", "p99"], names
+    for row in rows:
+        assert "one database" in str(row["peer_label"]), row
+        for side in ("ours", "peer"):
+            value = row[side]
+            assert isinstance(value, int | float) and math.isfinite(value), (row, side)
+            if row["unit"] == "ms":
+                assert value > 0, (row, side)
+    with psycopg.connect(bench_dsn) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                            [far_database_name(bench_dsn)]).fetchone()
+    assert left is None, "k left its second database behind"
 
 
 def test_spark_scenario_without_java_says_so_and_does_not_fail(
