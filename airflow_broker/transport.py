@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -70,7 +70,8 @@ def resolve_address(address: str) -> FarBroker:
     query = parse_qsl(parts.query, keep_blank_values=True)
     schema = next((v for k, v in query if k == "broker_schema"), DEFAULT_SCHEMA)
     rest = [(k, v) for k, v in query if k != "broker_schema"]
-    return FarBroker(urlunsplit(parts._replace(query=urlencode(rest))), schema)
+    # %20 for spaces: libpq does not read '+' as one (options=-c%20name%3Dvalue).
+    return FarBroker(urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), schema)
 
 
 def masked(address: str) -> str:
@@ -166,10 +167,13 @@ class Transport:
             log.debug("transport: %s", result)
         return result
 
-    def run_until_idle(self, limit: int = 1000) -> StepResult:
-        """Steps until nothing is due (for tests and one-shot callers)."""
+    def run_until_idle(self, limit: int = 1000,
+                       should_stop: Callable[[], bool] | None = None) -> StepResult:
+        """Steps until nothing is due, ``limit`` steps have run or ``should_stop()``."""
         total = StepResult()
         for _ in range(limit):
+            if should_stop is not None and should_stop():
+                break
             r = self.step()
             total.sent += r.sent
             total.acknowledged += r.acknowledged

@@ -23,6 +23,7 @@ from types import FrameType
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import TupleRow
 
 from airflow_broker.activation import ActivationManager
 from airflow_broker.broker import Broker
@@ -162,13 +163,14 @@ class BrokerWorker:
                 with psycopg.connect(self.broker.dsn, autocommit=True) as listener:
                     listener.execute(sql.SQL("LISTEN {}").format(channel))
                     while not self._stop.is_set():
-                        result = self.transport.run_until_idle()
+                        result = self.transport.run_until_idle(should_stop=self._stop.is_set)
+                        backoff = self.interval
                         if result.sent:
                             log.info("broker transport: %s", result)
-                        backoff = self.interval
-                        # Returns at the first notification, or after the interval.
-                        for _ in listener.notifies(timeout=self.interval, stop_after=1):
-                            pass
+                            if result.acknowledged or result.refused:
+                                # More may have been sent meanwhile: look again at once.
+                                continue
+                        self._wait_for_sends(listener)
             except psycopg.OperationalError as exc:
                 log.warning("broker transport: database unavailable (%s); retrying in %.0f s",
                             exc, backoff)
@@ -177,6 +179,17 @@ class BrokerWorker:
                 log.exception("broker transport: a batch failed; retrying in %.0f s", backoff)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 30.0)
+
+    def _wait_for_sends(self, listener: psycopg.Connection[TupleRow]) -> None:
+        """Until a SEND for another broker commits (its NOTIFY) or the interval has passed;
+        stop() is noticed within a second."""
+        deadline = time.monotonic() + self.interval
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for _ in listener.notifies(timeout=min(left, 1.0), stop_after=1):
+                return
 
 
 def wait_until_idle(worker: BrokerWorker, limit: float = 60.0) -> PassResult:

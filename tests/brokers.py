@@ -32,7 +32,7 @@ def route_uri(dsn: str, schema: str | None = None) -> str:
         netloc += params.pop("host") + (f":{params.pop('port')}" if "port" in params else "")
     if schema is not None:
         params["broker_schema"] = schema
-    query = f"?{urlencode(params)}" if params else ""
+    query = f"?{urlencode(params, quote_via=quote)}" if params else ""
     return f"postgresql://{netloc}/{dbname}{query}"
 
 

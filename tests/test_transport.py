@@ -681,3 +681,49 @@ def test_a_far_broker_that_hangs_times_out_and_is_retried(pair: Pair) -> None:
     assert "statement timeout" in tq(pair.a)[0][8]
     advance(pair.a, 5)
     assert impatient.step().acknowledged == 1
+
+
+def test_route_addresses_carry_connection_options(pair: Pair) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from airflow_broker.transport import resolve_address
+
+    address = pair.b_uri + "&options=-c%20synchronous_commit%3Doff&broker_schema=broker"
+    far = resolve_address(address)
+    assert far.schema == "broker"
+    assert conninfo_to_dict(far.dsn)["options"] == "-c synchronous_commit=off"
+    with pair.a.transaction() as tx:
+        tx.create_route("to_T", address, service_name="T")
+    pair.routes(forward=False)
+    send(pair, pair.dialog(), "x")
+    assert pair.ta.step().acknowledged == 1
+
+
+def test_the_worker_delivers_each_send_when_it_commits_not_at_its_interval(pair: Pair) -> None:
+    import threading
+    import time
+
+    from airflow_broker.worker import BrokerWorker
+
+    pair.routes()
+    h = pair.dialog()
+    # An interval far longer than the test may wait: only the NOTIFY of each SEND's commit
+    # can have the transport deliver in time.
+    running = BrokerWorker(pair.a, activation=False, interval=3600)
+    thread = threading.Thread(target=running.run, kwargs={"handle_signals": False})
+    thread.start()
+    try:
+        for burst in range(3):
+            for i in range(20):
+                with pair.a.transaction() as tx:
+                    tx.send(h, "Req", f"{burst}:{i}")
+            deadline = time.monotonic() + 30
+            while one(pair.b, "SELECT count(*) FROM broker.queue_messages") < 20 * (burst + 1):
+                assert time.monotonic() < deadline, "the transport did not wake up"
+                time.sleep(0.05)
+    finally:
+        running.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert [m.text() for m in receive_all(pair.b, "q_t")] == [
+        f"{b}:{i}" for b in range(3) for i in range(20)]

@@ -101,5 +101,9 @@ BEGIN
             coalesce(v_next, CASE WHEN p_status = '' THEN v_now
                                   ELSE v_now + interval '4 seconds' END),
             coalesce(v_attempts, 0));
+    IF p_status = '' THEN
+        -- Wakes the transport (LISTEN in the broker worker) when this transaction commits.
+        PERFORM pg_notify(current_schema() || '_transmit', '');
+    END IF;
 END
 $$;

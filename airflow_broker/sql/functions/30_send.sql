@@ -99,7 +99,6 @@ BEGIN
         IF v_remote THEN
             -- The peer lives in another broker: the transport delivers it (empty status: not
             -- attempted yet).
-            PERFORM pg_notify(current_schema() || '_transmit', '');
             RETURN '';
         END IF;
     END IF;
@@ -423,6 +422,7 @@ BEGIN
         GET DIAGNOSTICS v_inserted = ROW_COUNT;
         -- (None when the first message was refused and the conversation failed.)
         IF v_inserted > 0 THEN
+            PERFORM pg_notify(current_schema() || '_transmit', '');
             UPDATE endpoints SET send_sequence = send_sequence + v_count - 1
              WHERE conversation_handle = p_handle;
             RETURN;

@@ -434,7 +434,9 @@ DECLARE
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
         SELECT t.transmission_id, t.conversation_handle, t.message_sequence_number,
-               t.is_end_of_dialog, t.is_conversation_error, ce.state, ce.is_initiator
+               t.is_end_of_dialog, t.is_conversation_error, ce.state, ce.is_initiator,
+               ce.far_broker_instance, ce.transmission_status, ce.message0_acked,
+               ce.security_timestamp
           INTO m
           FROM transmissions t JOIN endpoints ce USING (conversation_handle)
          WHERE t.transmission_id = p_ids[i]
@@ -444,16 +446,23 @@ BEGIN
         IF p_outcomes[i] = 'ack' THEN
             DELETE FROM transmissions WHERE transmission_id = m.transmission_id;
             v_acked := v_acked + 1;
-            UPDATE endpoints
-               SET far_broker_instance = coalesce(far_broker_instance, p_far_broker),
-                   message0_acked = message0_acked
-                                    OR (is_initiator AND m.message_sequence_number = 0),
-                   transmission_status = '',
-                   security_timestamp = CASE
-                       WHEN NOT is_initiator AND p_peer_flags[i]
-                            AND security_timestamp = '1900-01-01'
-                       THEN v_now + interval '30 minutes' ELSE security_timestamp END
-             WHERE conversation_handle = m.conversation_handle;
+            IF m.far_broker_instance IS NULL OR m.transmission_status <> ''
+               OR (m.is_initiator AND NOT m.message0_acked)
+               OR (NOT m.is_initiator AND p_peer_flags[i]
+                   AND m.security_timestamp = '1900-01-01') THEN
+                -- Only when it changes something: a row version per acknowledgement would
+                -- bloat the endpoint.
+                UPDATE endpoints
+                   SET far_broker_instance = coalesce(far_broker_instance, p_far_broker),
+                       message0_acked = message0_acked
+                                        OR (is_initiator AND m.message_sequence_number = 0),
+                       transmission_status = '',
+                       security_timestamp = CASE
+                           WHEN NOT is_initiator AND p_peer_flags[i]
+                                AND security_timestamp = '1900-01-01'
+                           THEN v_now + interval '30 minutes' ELSE security_timestamp END
+                 WHERE conversation_handle = m.conversation_handle;
+            END IF;
             IF m.state = 'DO' AND (m.is_end_of_dialog OR m.is_conversation_error)
                AND NOT EXISTS (SELECT 1 FROM transmissions
                                 WHERE conversation_handle = m.conversation_handle) THEN
