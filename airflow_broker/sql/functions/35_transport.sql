@@ -235,13 +235,19 @@ BEGIN
                                   'contract.', p_type);
             RETURN;
         END IF;
-        BEGIN
+        IF v_type.validation_kind IN ('WELL_FORMED_XML', 'VALID_XML') THEN
+            -- Only XML checks can raise (a verdict made for another definition of the type);
+            -- the sub-transaction of an EXCEPTION block is not paid for other messages.
+            BEGIN
+                v_reject := body_rejection(v_type, v_body, p_checked_as, p_xml_error);
+            EXCEPTION WHEN SQLSTATE 'SB000' THEN
+                o_outcome := 'hold';
+                o_status := SQLERRM;
+                RETURN;
+            END;
+        ELSE
             v_reject := body_rejection(v_type, v_body, p_checked_as, p_xml_error);
-        EXCEPTION WHEN SQLSTATE 'SB000' THEN
-            o_outcome := 'hold';
-            o_status := SQLERRM;
-            RETURN;
-        END;
+        END IF;
         IF v_reject.code IS NOT NULL THEN
             o_outcome := 'error';
             o_code := v_reject.code;
