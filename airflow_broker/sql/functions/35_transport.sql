@@ -345,6 +345,111 @@ BEGIN
 END
 $$;
 
+-- A run of the batch taken in one INSERT: consecutive messages of one conversation and one
+-- type that arrive in order and need no decision per message (the common case of a stream).
+-- Returns the last index it took (p_first - 1 when the run is left to accept_message).
+CREATE OR REPLACE FUNCTION accept_run(
+    p_from_broker text, p_conversation_ids uuid[], p_sender_is_initiator boolean[],
+    p_flags boolean[], p_seqs bigint[], p_types text[], p_bodies bytea[],
+    p_checked_as text[], p_xml_errors text[], p_first integer,
+    OUT o_last integer, OUT o_peer_flag boolean)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    e endpoints;
+    v_type message_types;
+    v_usage contract_message_usages;
+    v_last integer := p_first;
+    v_queue integer;
+    v_enabled boolean;
+    v_expected text;
+    v_now timestamp := utc_now();
+BEGIN
+    o_last := p_first - 1;
+    o_peer_flag := false;
+    WHILE v_last < cardinality(p_seqs)
+          AND p_conversation_ids[v_last + 1] = p_conversation_ids[p_first]
+          AND p_sender_is_initiator[v_last + 1] = p_sender_is_initiator[p_first]
+          AND p_types[v_last + 1] = p_types[p_first]
+          AND p_seqs[v_last + 1] = p_seqs[v_last] + 1 LOOP
+        v_last := v_last + 1;
+    END LOOP;
+    IF v_last = p_first THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v_type FROM message_types WHERE name = p_types[p_first];
+    IF v_type.message_type_id IS NULL OR v_type.message_type_id IN (1, 2) THEN
+        RETURN;
+    END IF;
+    SELECT * INTO e FROM endpoints
+     WHERE conversation_id = p_conversation_ids[p_first]
+       AND is_initiator = NOT p_sender_is_initiator[p_first]
+       FOR NO KEY UPDATE;
+    IF e.conversation_handle IS NULL OR e.state <> 'CO'
+       OR e.inbound_sequence <> p_seqs[p_first]
+       OR EXISTS (SELECT 1 FROM queue_messages
+                   WHERE conversation_handle = e.conversation_handle AND status = 2) THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v_usage FROM contract_message_usages
+     WHERE service_contract_id = e.service_contract_id
+       AND message_type_id = v_type.message_type_id;
+    IF NOT FOUND
+       OR (p_sender_is_initiator[p_first] AND NOT v_usage.is_sent_by_initiator)
+       OR (NOT p_sender_is_initiator[p_first] AND NOT v_usage.is_sent_by_target) THEN
+        RETURN;
+    END IF;
+    v_expected := v_type.validation_kind || CASE WHEN v_type.validation_kind = 'VALID_XML'
+                                                 THEN ':' || v_type.xml_collection_id ELSE '' END;
+    IF NOT (v_type.validation_kind = 'NONE'
+            OR (v_type.validation_kind = 'EMPTY'
+                AND NOT EXISTS (SELECT 1 FROM unnest(p_bodies[p_first:v_last]) b
+                                 WHERE nullif(b, '\x'::bytea) IS NOT NULL))
+            OR (v_type.validation_kind IN ('WELL_FORMED_XML', 'VALID_XML')
+                AND NOT EXISTS (SELECT 1
+                                  FROM unnest(p_bodies[p_first:v_last],
+                                              p_checked_as[p_first:v_last],
+                                              p_xml_errors[p_first:v_last]) AS x(b, c, err)
+                                 WHERE nullif(x.b, '\x'::bytea) IS NOT NULL
+                                   AND (x.c IS DISTINCT FROM v_expected
+                                        OR x.err IS NOT NULL)))) THEN
+        RETURN;
+    END IF;
+    SELECT s.service_queue_id, q.is_enqueue_enabled INTO v_queue, v_enabled
+      FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
+     WHERE s.service_id = e.service_id;
+    IF NOT v_enabled THEN
+        RETURN;
+    END IF;
+
+    -- What accept_message does for each message, once.
+    IF p_flags[p_first] AND NOT e.is_initiator AND e.security_timestamp = '1900-01-01' THEN
+        UPDATE endpoints SET security_timestamp = v_now + interval '30 minutes'
+         WHERE conversation_handle = e.conversation_handle;
+    END IF;
+    IF e.is_initiator AND NOT e.message0_acked THEN
+        UPDATE endpoints
+           SET message0_acked = true,
+               far_broker_instance = coalesce(far_broker_instance, p_from_broker)
+         WHERE conversation_handle = e.conversation_handle;
+        DELETE FROM transmissions
+         WHERE conversation_handle = e.conversation_handle AND message_sequence_number = 0;
+    END IF;
+    INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
+                                message_sequence_number, precedence, service_id,
+                                service_contract_id, message_type_id, message_body, message_id,
+                                enqueued_at)
+    SELECT v_queue, e.priority, e.conversation_group_id, e.conversation_handle,
+           p_seqs[p_first] + x.ord - 1, 2, e.service_id, e.service_contract_id,
+           v_type.message_type_id, nullif(x.body, '\x'::bytea), gen_random_uuid(), v_now
+      FROM unnest(p_bodies[p_first:v_last]) WITH ORDINALITY AS x(body, ord);
+    UPDATE endpoints SET inbound_sequence = p_seqs[v_last] + 1
+     WHERE conversation_handle = e.conversation_handle;
+    PERFORM wake_waiters(v_queue);
+    o_last := v_last;
+    o_peer_flag := e.is_initiator;
+END
+$$;
+
 -- A batch from one sending broker, in its own transaction here. Acknowledgements and Errors
 -- travel back on this broker's route to the sender's service: without one, what arrived stays
 -- here but cannot be acknowledged (the classic missing return route; the sender retries and
@@ -362,6 +467,8 @@ DECLARE
     v_enabled boolean;
     v_back_service text;
     v_back text;
+    v_run_end integer := 0;
+    v_run_flag boolean;
     r record;
 BEGIN
     PERFORM check_isolation();
@@ -392,15 +499,28 @@ BEGIN
                              'broker instance %s of the conversation.', p_to_services[i],
                              v_self, p_to_broker_instances[i]);
         ELSE
-            r := accept_message(p_from_broker, p_conversation_ids[i], p_sender_is_initiator[i],
-                                p_from_services[i], p_to_services[i], p_to_broker_instances[i],
-                                p_contracts[i], p_lifetimes[i], p_flags[i], p_seqs[i],
-                                p_types[i], p_bodies[i], p_checked_as[i], p_xml_errors[i]);
-            outcome := r.o_outcome;
-            code := r.o_code;
-            description := r.o_description;
-            status := r.o_status;
-            peer_message0_acked := r.o_peer_flag;
+            IF i > v_run_end THEN
+                r := accept_run(p_from_broker, p_conversation_ids, p_sender_is_initiator,
+                                p_flags, p_seqs, p_types, p_bodies, p_checked_as, p_xml_errors,
+                                i);
+                v_run_end := r.o_last;
+                v_run_flag := r.o_peer_flag;
+            END IF;
+            IF i <= v_run_end THEN
+                outcome := 'ack';
+                peer_message0_acked := v_run_flag;
+            ELSE
+                r := accept_message(p_from_broker, p_conversation_ids[i],
+                                    p_sender_is_initiator[i], p_from_services[i],
+                                    p_to_services[i], p_to_broker_instances[i], p_contracts[i],
+                                    p_lifetimes[i], p_flags[i], p_seqs[i], p_types[i],
+                                    p_bodies[i], p_checked_as[i], p_xml_errors[i]);
+                outcome := r.o_outcome;
+                code := r.o_code;
+                description := r.o_description;
+                status := r.o_status;
+                peer_message0_acked := r.o_peer_flag;
+            END IF;
             IF outcome <> 'hold' THEN
                 IF p_from_services[i] IS DISTINCT FROM v_back_service THEN
                     v_back_service := p_from_services[i];
@@ -438,6 +558,20 @@ DECLARE
     v_acked integer := 0;
     v_now timestamp := utc_now();
 BEGIN
+    -- Acknowledged messages that are neither the first of their conversation nor its last
+    -- word go in one statement; the loop below sees only what may change an endpoint.
+    WITH plain AS (
+        SELECT x.id FROM unnest(p_ids, p_outcomes) AS x(id, outcome)
+          JOIN transmissions t ON t.transmission_id = x.id
+          JOIN endpoints ce ON ce.conversation_handle = t.conversation_handle
+         WHERE x.outcome = 'ack' AND t.message_sequence_number > 0
+           AND NOT t.is_end_of_dialog AND NOT t.is_conversation_error
+           AND ce.far_broker_instance IS NOT NULL AND ce.transmission_status = ''
+           AND (ce.message0_acked OR NOT ce.is_initiator)
+           AND (ce.is_initiator OR ce.security_timestamp > '1900-01-01')
+    )
+    DELETE FROM transmissions t USING plain WHERE t.transmission_id = plain.id;
+    GET DIAGNOSTICS v_acked = ROW_COUNT;
     FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
         SELECT t.transmission_id, t.conversation_handle, t.message_sequence_number,
                t.is_end_of_dialog, t.is_conversation_error, ce.state, ce.is_initiator,
