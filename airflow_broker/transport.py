@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
@@ -72,6 +73,23 @@ def resolve_address(address: str) -> FarBroker:
     rest = [(k, v) for k, v in query if k != "broker_schema"]
     # %20 for spaces: libpq does not read '+' as one (options=-c%20name%3Dvalue).
     return FarBroker(urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), schema)
+
+
+def address_of(dsn: str, schema: str | None = None) -> str:
+    """The route address (a postgresql:// URI) of the broker at ``dsn``, which may also be a
+    key=value connection string; ``schema`` when the broker's schema is not "broker"."""
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    user = quote(params.pop("user", ""), safe="")
+    password = params.pop("password", "")
+    dbname = quote(params.pop("dbname", ""), safe="")
+    netloc = user + (f":{quote(password, safe='')}" if password else "") + "@"
+    if params.get("host") and not params["host"].startswith("/"):
+        # A socket directory stays in the query; a host name goes in the authority.
+        netloc += params.pop("host") + (f":{params.pop('port')}" if "port" in params else "")
+    if schema is not None:
+        params["broker_schema"] = schema
+    query = f"?{urlencode(params, quote_via=quote)}" if params else ""
+    return f"postgresql://{netloc}/{dbname}{query}"
 
 
 def masked(address: str) -> str:

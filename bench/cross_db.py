@@ -34,7 +34,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
-from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import sql
@@ -42,6 +41,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker import Broker
 from airflow_broker.migrations import install as install_broker
+from airflow_broker.transport import address_of
 from airflow_broker.worker import BrokerWorker
 from bench import ours_setup
 from bench.harness import Env
@@ -72,20 +72,11 @@ _OURS_IN_FLIGHT = ("conversation_handle IN (SELECT conversation_handle FROM brok
 
 
 def route_uri(dsn: str) -> str:
-    """A libpq DSN as the postgresql:// URI a route holds, without ``options``: the transport
-    re-encodes a route's query with '+' for spaces, which libpq does not decode, so an
-    ``options`` value (``-c name=value``) would not survive. B is made durable with ALTER
-    DATABASE instead."""
-    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if k != "options"}
-    user = quote(params.pop("user", ""))
-    password = params.pop("password", "")
-    dbname = quote(params.pop("dbname", ""))
-    host = params.get("host", "")
-    netloc = user + (f":{quote(password)}" if password else "") + "@"
-    if host and not host.startswith("/"):
-        netloc += params.pop("host") + (f":{params.pop('port')}" if "port" in params else "")
-    query = f"?{urlencode(params, quote_via=quote)}" if params else ""
-    return f"postgresql://{netloc}/{dbname}{query}"
+    """The route address of the broker at ``dsn``, without ``options``: B is made durable with
+    ALTER DATABASE, whatever the harness's connection options say."""
+    params = conninfo_to_dict(dsn)
+    params.pop("options", None)
+    return address_of(make_conninfo("", **params))
 
 
 def far_database_name(dsn: str) -> str:

@@ -9,31 +9,17 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from airflow_broker import Broker, Message
-from airflow_broker.transport import Outcome, Transport
+from airflow_broker.transport import Outcome, Transport, address_of
 from airflow_broker.worker import BrokerWorker
 
 
 def route_uri(dsn: str, schema: str | None = None) -> str:
-    """A libpq DSN as the postgresql:// URI a route holds."""
-    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
-    user = quote(params.pop("user", ""))
-    password = params.pop("password", "")
-    dbname = quote(params.pop("dbname", ""))
-    host = params.get("host", "")
-    netloc = user + (f":{quote(password)}" if password else "") + "@"
-    if host and not host.startswith("/"):
-        netloc += params.pop("host") + (f":{params.pop('port')}" if "port" in params else "")
-    if schema is not None:
-        params["broker_schema"] = schema
-    query = f"?{urlencode(params, quote_via=quote)}" if params else ""
-    return f"postgresql://{netloc}/{dbname}{query}"
+    return address_of(dsn, schema)
 
 
 def deploy_application(broker: Broker, *, initiator: bool = True, target: bool = True) -> None:

@@ -88,6 +88,29 @@ BEGIN
 END
 $$;
 
+-- What a message arriving on an endpoint tells it besides its content (spec 15.1, 21.4): from
+-- the initiator, the flag that starts the target's 30 minutes of replay protection; from the
+-- target, that message 0 has arrived (acknowledgements piggy-back on the messages flowing
+-- back). Returns whether this side's answer carries the flag (an initiator's always does).
+CREATE OR REPLACE FUNCTION note_arrival(e endpoints, p_from_broker text, p_flag boolean)
+RETURNS boolean LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF p_flag AND NOT e.is_initiator AND e.security_timestamp = '1900-01-01' THEN
+        UPDATE endpoints SET security_timestamp = utc_now() + interval '30 minutes'
+         WHERE conversation_handle = e.conversation_handle;
+    END IF;
+    IF e.is_initiator AND NOT e.message0_acked THEN
+        UPDATE endpoints
+           SET message0_acked = true,
+               far_broker_instance = coalesce(far_broker_instance, p_from_broker)
+         WHERE conversation_handle = e.conversation_handle;
+        DELETE FROM transmissions
+         WHERE conversation_handle = e.conversation_handle AND message_sequence_number = 0;
+    END IF;
+    RETURN e.is_initiator;
+END
+$$;
+
 -- One message arriving from another broker. outcome: 'ack' (it is on the queue, or was
 -- already), 'error' (refused: code and description go back as an Error), or 'hold' (cannot be
 -- taken now: status says why; the sender retries).
@@ -275,24 +298,7 @@ BEGIN
                 v_now + greatest(p_lifetime, interval '0'), 'CO', true, v_now)
         RETURNING * INTO e;
     END IF;
-    IF p_flag AND NOT e.is_initiator AND e.security_timestamp = '1900-01-01' THEN
-        -- The initiator has seen message 0 acknowledged: replay protection starts (spec 15.1).
-        UPDATE endpoints SET security_timestamp = v_now + interval '30 minutes'
-         WHERE conversation_handle = e.conversation_handle;
-    END IF;
-    IF e.is_initiator THEN
-        -- A message from the target acknowledges message 0 (acknowledgements piggy-back on
-        -- the messages flowing back), and this side's answer carries the flag.
-        IF NOT e.message0_acked THEN
-            UPDATE endpoints
-               SET message0_acked = true,
-                   far_broker_instance = coalesce(far_broker_instance, p_from_broker)
-             WHERE conversation_handle = e.conversation_handle;
-            DELETE FROM transmissions
-             WHERE conversation_handle = e.conversation_handle AND message_sequence_number = 0;
-        END IF;
-        o_peer_flag := true;
-    END IF;
+    o_peer_flag := note_arrival(e, p_from_broker, p_flag);
 
     -- Early (later than the next one expected): held with status 2, not receivable, until
     -- the gap before it is filled. An Error is never early.
@@ -421,19 +427,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- What accept_message does for each message, once.
-    IF p_flags[p_first] AND NOT e.is_initiator AND e.security_timestamp = '1900-01-01' THEN
-        UPDATE endpoints SET security_timestamp = v_now + interval '30 minutes'
-         WHERE conversation_handle = e.conversation_handle;
-    END IF;
-    IF e.is_initiator AND NOT e.message0_acked THEN
-        UPDATE endpoints
-           SET message0_acked = true,
-               far_broker_instance = coalesce(far_broker_instance, p_from_broker)
-         WHERE conversation_handle = e.conversation_handle;
-        DELETE FROM transmissions
-         WHERE conversation_handle = e.conversation_handle AND message_sequence_number = 0;
-    END IF;
+    o_peer_flag := note_arrival(e, p_from_broker, p_flags[p_first]);
     INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
                                 message_sequence_number, precedence, service_id,
                                 service_contract_id, message_type_id, message_body, message_id,
@@ -446,7 +440,6 @@ BEGIN
      WHERE conversation_handle = e.conversation_handle;
     PERFORM wake_waiters(v_queue);
     o_last := v_last;
-    o_peer_flag := e.is_initiator;
 END
 $$;
 
