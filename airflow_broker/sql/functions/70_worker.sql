@@ -106,12 +106,7 @@ BEGIN
                  WHERE conversation_handle = c.conversation_handle;
                 EXIT;
             ELSIF v_status IS NOT NULL THEN
-                UPDATE transmissions
-                   SET transmission_status = v_status, attempts = attempts + 1,
-                       last_attempt_at = v_now,
-                       next_attempt_at = v_now + make_interval(
-                           secs => least(64, 4 * power(2, least(attempts, 4))::integer))
-                 WHERE conversation_handle = c.conversation_handle;
+                PERFORM hold_transmissions(c.conversation_handle, v_status);
                 EXIT;
             END IF;
             DELETE FROM transmissions WHERE transmission_id = m.transmission_id;
