@@ -14,12 +14,8 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from airflow_broker import Broker, Message
-from airflow_broker.transport import Outcome, Transport, address_of
+from airflow_broker.transport import Outcome, Transport
 from airflow_broker.worker import BrokerWorker
-
-
-def route_uri(dsn: str, schema: str | None = None) -> str:
-    return address_of(dsn, schema)
 
 
 def deploy_application(broker: Broker, *, initiator: bool = True, target: bool = True) -> None:

@@ -23,7 +23,8 @@ from psycopg.conninfo import make_conninfo
 from airflow_broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.migrations import install
-from tests.brokers import Pair, deploy_application, route_uri
+from airflow_broker.transport import address_of
+from tests.brokers import Pair, deploy_application
 
 TEMPLATE = "airflow_broker_test_template"
 
@@ -178,7 +179,7 @@ def pair(dsn: str, far_dsn: str) -> Iterator[Pair]:
     b = Broker(far_dsn, poll_interval=0.2)
     deploy_application(a, target=False)
     deploy_application(b, initiator=False)
-    p = Pair(a, b, route_uri(dsn), route_uri(far_dsn))
+    p = Pair(a, b, address_of(dsn), address_of(far_dsn))
     try:
         yield p
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 
 from airflow_broker import Broker
-from tests.brokers import route_uri
+from airflow_broker.transport import address_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,8 +28,8 @@ def test_readme_example_runs(dsn: str, far_dsn: str) -> None:
     # The example between two databases runs on this database and a second one.
     [between] = [s for s in snippets if "postgresql://app@db1/trading" in s]
     snippets.remove(between)
-    code = (between.replace('"postgresql://app@db1/trading"', repr(route_uri(dsn)))
-            .replace('"postgresql://app@db2/brokerage"', repr(route_uri(far_dsn))))
+    code = (between.replace('"postgresql://app@db1/trading"', repr(address_of(dsn)))
+            .replace('"postgresql://app@db2/brokerage"', repr(address_of(far_dsn))))
     namespace: dict[str, object] = {"Broker": Broker}
     exec(compile(code, "README.md", "exec"), namespace)
     with psycopg.connect(dsn) as conn:

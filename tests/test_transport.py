@@ -566,10 +566,10 @@ def test_doctor_reports_unreachable_brokers_and_misspelt_services(pair: Pair) ->
 
 
 def test_doctor_reports_a_copied_broker_instance(dsn: str, pair: Pair) -> None:
-    from tests.brokers import route_uri
+    from airflow_broker.transport import address_of
 
     with pair.a.transaction() as tx:
-        tx.create_route("to_self_copy", route_uri(dsn), service_name="I")
+        tx.create_route("to_self_copy", address_of(dsn), service_name="I")
     [found] = route_findings(pair.a)
     assert "this broker's own instance id" in found
 

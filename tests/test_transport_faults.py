@@ -20,6 +20,7 @@ import pytest
 from airflow_broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.migrations import install
+from airflow_broker.transport import address_of
 from airflow_broker.worker import BrokerWorker
 from tests.brokers import (
     FaultyTransport,
@@ -27,7 +28,6 @@ from tests.brokers import (
     advance,
     deploy_application,
     one,
-    route_uri,
     rows,
 )
 from tests.conftest import embedded_in_temp_dir
@@ -105,7 +105,7 @@ def test_far_server_stopped_during_a_stream_of_5000_messages(
     b = Broker(far, poll_interval=0.2)
     deploy_application(a, target=False)
     deploy_application(b, initiator=False)
-    pair = Pair(a, b, route_uri(dsn), route_uri(far))
+    pair = Pair(a, b, address_of(dsn), address_of(far))
     pair.routes()
     worker = BrokerWorker(a, activation=False, interval=0.2)
     running = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
