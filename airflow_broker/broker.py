@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -14,12 +15,14 @@ from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from airflow_broker import migrations
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.errors import BrokerError
+from airflow_broker.side_channel import SideChannel
 from airflow_broker.transaction import Transaction
 from airflow_broker.validation import MessageTypeInfo
 from airflow_broker.waitfor import WakeUps
@@ -43,6 +46,10 @@ class BrokerStats:
 
     received: int = 0
     rollbacks: int = 0
+
+
+def _autocommit_off(conn: psycopg.Connection[TupleRow]) -> None:
+    conn.autocommit = False
 
 
 class Broker:
@@ -89,14 +96,17 @@ class Broker:
             name=f"airflow-broker-{self.schema}",
             kwargs={"application_name": application_name},
             configure=self._configure if role else None,
+            reset=_autocommit_off,
         )
         self.wakeups = WakeUps(self.dsn, self.schema)
         self._calls: dict[tuple[str, int, tuple[str, ...]], bytes] = {}
         self._message_types: dict[str, MessageTypeInfo | None] = {}
         self._queue_ids: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._side: psycopg.Connection[TupleRow] | None = None
-        self._side_lock = threading.Lock()
+        # Poison detection's records, which must survive the caller's rollback.
+        self.side = SideChannel(self.dsn, application_name, role)
+        self._register_call = sql.SQL("SELECT {}.register_receive").format(
+            sql.Identifier(self.schema)).as_bytes(None)
         schema_id = sql.Identifier(self.schema)
         self.receive_query = sql.SQL(
             "SELECT r.*, pg_current_xact_id_if_assigned()::text, q.object_id,"
@@ -121,50 +131,39 @@ class Broker:
         """A pooled connection in a transaction that commits when the block ends normally and
         rolls back when it raises."""
         with self.pool.connection() as conn:
-            tx = Transaction(conn, self)
+            # BEGIN, COMMIT and ROLLBACK are ours: BEGIN travels with the first statement.
+            # The pool's reset() turns autocommit off again for its other users.
+            conn.autocommit = True
+            tx = Transaction(conn, self, begin=True)
             try:
-                with conn.transaction():
-                    yield tx
+                yield tx
+                if tx.begun:
+                    conn.execute(b"COMMIT")
             except BaseException:
+                if conn.info.transaction_status in (TransactionStatus.INTRANS,
+                                                    TransactionStatus.INERROR):
+                    # (A broken connection raises here; the pool discards it.)
+                    with contextlib.suppress(psycopg.OperationalError):
+                        conn.execute(b"ROLLBACK")
                 if tx.received_queues:
                     # A rolled-back receive counts towards poison detection at once.
                     self.stats.rollbacks += 1
                     self.resolve_receives(tx.received_queues)
                 raise
 
-    def _side_connection(self) -> psycopg.Connection[TupleRow]:
-        if self._side is None or self._side.closed or self._side.broken:
-            self._side = psycopg.connect(
-                self.dsn, autocommit=True, application_name=f"{self.application_name}-side")
-            # Losing a registration in a server crash only loses a count; no fsync wait.
-            self._side.execute("SET synchronous_commit = off")
-            if self.role:
-                self._side.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
-        return self._side
-
-    def _on_side(self, query: sql.Composed, params: Sequence[object]) -> None:
-        with self._side_lock:
-            for attempt in (1, 2):
-                try:
-                    self._side_connection().execute(query, params)
-                    return
-                except psycopg.OperationalError as exc:
-                    self._side = None
-                    if attempt == 2:
-                        log.error("poison detection could not record a receive: %s", exc)
-
     def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],
                          backend_pid: int) -> None:
-        self._on_side(
-            sql.SQL("SELECT {}.register_receive(%s, %s::xid8, %s::uuid[], %s)").format(
-                sql.Identifier(self.schema)),
-            [queue_id, xid, message_ids, backend_pid])
+        # Rendered by hand: every value is an integer or a UUID (nothing to quote), and
+        # psycopg's adaptation of a UUID array cost more than the rest of the call.
+        ids = ",".join(str(m) for m in message_ids)
+        self.side.post(
+            b"%s(%d, '%d'::xid8, '{%s}'::uuid[], %d)"
+            % (self._register_call, int(queue_id), int(xid), ids.encode(), int(backend_pid)))
 
     def resolve_receives(self, queue_ids: set[int]) -> None:
         for queue_id in sorted(queue_ids):
-            self._on_side(
-                sql.SQL("SELECT {}.resolve_receives(%s)").format(sql.Identifier(self.schema)),
-                [queue_id])
+            self.side.run(sql.SQL("SELECT {}.resolve_receives({})").format(
+                sql.Identifier(self.schema), int(queue_id)).as_bytes(None))
 
     def session(self, conn: psycopg.Connection[TupleRow]) -> Transaction:
         """Broker statements on a connection you manage (your transaction, your commit)."""
@@ -173,8 +172,7 @@ class Broker:
     def close(self) -> None:
         self.wakeups.close()
         self.pool.close()
-        if self._side is not None:
-            self._side.close()
+        self.side.close()
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None

@@ -21,14 +21,32 @@ if TYPE_CHECKING:
 class StatementRunner:
     """Runs broker functions on one connection, inside the caller's transaction."""
 
-    def __init__(self, conn: psycopg.Connection[TupleRow], broker: Broker) -> None:
-        self.conn = conn
+    def __init__(self, conn: psycopg.Connection[TupleRow], broker: Broker, *,
+                 begin: bool = False) -> None:
+        self._conn = conn
+        # Broker.transaction() hands over an autocommit connection: BEGIN goes out with the
+        # first statement, saving the round trip psycopg spends on BEGIN alone.
+        self._begin_pending = begin
         self.broker = broker
         self.schema = broker.schema
         # Groups locked inside each open savepoint(), innermost last.
         self._savepoint_groups: list[set[uuid.UUID]] = []
         # Queues this transaction received from (resolved for poison detection on rollback).
         self.received_queues: set[int] = set()
+
+    @property
+    def conn(self) -> psycopg.Connection[TupleRow]:
+        """The connection, in this transaction: your own statements on it commit or roll back
+        with the broker's."""
+        if self._begin_pending:
+            self._begin_pending = False
+            self._conn.execute(b"BEGIN")
+        return self._conn
+
+    @property
+    def begun(self) -> bool:
+        """Whether a statement has been sent in this transaction."""
+        return not self._begin_pending
 
     def locked_groups(self, groups: set[uuid.UUID]) -> None:
         """Remembers groups a statement locked, so a savepoint rollback can keep them."""
@@ -44,7 +62,7 @@ class StatementRunner:
         self.broker.stats.received += len(messages)
         if poison_handling:
             self.broker.register_receive(queue_id, xid, [m.message_id for m in messages],
-                                         self.conn.info.backend_pid)
+                                         self._conn.info.backend_pid)
 
     def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
         """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the
@@ -54,7 +72,14 @@ class StatementRunner:
     def run(self, query: bytes | sql.SQL | sql.Composed,
             params: Sequence[Any] = ()) -> list[TupleRow]:
         try:
-            cursor = self.conn.execute(query, params)
+            if self._begin_pending:
+                self._begin_pending = False
+                # One round trip: the cursor's results are read when the pipeline ends.
+                with self._conn.pipeline():
+                    self._conn.execute(b"BEGIN")
+                    cursor = self._conn.execute(query, params)
+            else:
+                cursor = self._conn.execute(query, params)
             return cursor.fetchall() if cursor.description is not None else []
         except psycopg.Error as exc:
             broker_error = translate(exc)
