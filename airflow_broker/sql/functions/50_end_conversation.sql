@@ -88,10 +88,6 @@ BEGIN
     ELSE
         v_type := 2;
     END IF;
-    UPDATE endpoints SET send_sequence = send_sequence + 1, end_dialog_sequence = e.send_sequence,
-                         state = 'DO'
-     WHERE conversation_handle = p_handle;
-
     v_status := (SELECT transmission_status FROM transmissions
                   WHERE conversation_handle = p_handle
                   ORDER BY message_sequence_number DESC LIMIT 1);
@@ -105,7 +101,11 @@ BEGIN
         RETURN v_warning;
     END IF;
     IF v_status IS NOT NULL THEN
-        -- Waits in the transmission queue; the endpoint closes once it is delivered.
+        -- Waits in the transmission queue, DISCONNECTED_OUTBOUND; the endpoint closes once it
+        -- is delivered.
+        UPDATE endpoints SET send_sequence = send_sequence + 1,
+                             end_dialog_sequence = e.send_sequence, state = 'DO'
+         WHERE conversation_handle = p_handle;
         PERFORM hold_for_transmission(p_handle, e.far_service, v_service, e.service_contract_id,
                                       e.send_sequence, v_type, v_body, e.priority, v_status);
         RETURN v_warning;
@@ -116,8 +116,17 @@ BEGIN
         UPDATE endpoints SET security_timestamp = utc_now() + interval '30 minutes'
          WHERE conversation_handle = e.far_handle AND security_timestamp = '1900-01-01';
     END IF;
-    -- Local delivery is acknowledged at once: DISCONNECTED_OUTBOUND becomes CLOSED.
-    PERFORM close_endpoint(p_handle);
+    -- Local delivery is acknowledged at once: the endpoint goes straight to CLOSED (one write
+    -- of the row instead of DISCONNECTED_OUTBOUND first; the state is in partial index
+    -- predicates, so every change of it writes every index). An initiator goes at once.
+    IF e.is_initiator THEN
+        PERFORM delete_endpoint(p_handle);
+    ELSE
+        UPDATE endpoints SET send_sequence = send_sequence + 1,
+                             end_dialog_sequence = e.send_sequence, state = 'CD',
+                             dialog_timer = '1900-01-01'
+         WHERE conversation_handle = p_handle;
+    END IF;
     RETURN v_warning;
 END
 $$;
