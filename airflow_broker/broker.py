@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool
 from airflow_broker import migrations
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.errors import BrokerError
+from airflow_broker.messages import Message
 from airflow_broker.side_channel import SideChannel
 from airflow_broker.transaction import Transaction
 from airflow_broker.validation import MessageTypeInfo
@@ -164,6 +165,27 @@ class Broker:
         for queue_id in sorted(queue_ids):
             self.side.run(sql.SQL("SELECT {}.resolve_receives({})").format(
                 sql.Identifier(self.schema), int(queue_id)).as_bytes(None))
+
+    def receive(
+        self,
+        queue_name: str,
+        top: int | None = None,
+        *,
+        conversation_handle: uuid.UUID | None = None,
+        conversation_group_id: uuid.UUID | None = None,
+        waitfor: bool = False,
+        timeout: float | None = None,
+    ) -> list[Message]:
+        """RECEIVE outside a transaction (autocommit, as a RECEIVE statement outside BEGIN
+        TRANSACTION in SQL Server): one statement, one round trip, and the messages are gone
+        from the queue when it returns. If processing them fails, they are not received again,
+        and poison detection has nothing to count. For exactly-once processing, RECEIVE inside
+        ``transaction()`` and commit with your work."""
+        with self.pool.connection() as conn:
+            conn.autocommit = True
+            return Transaction(conn, self).receive(
+                queue_name, top, conversation_handle=conversation_handle,
+                conversation_group_id=conversation_group_id, waitfor=waitfor, timeout=timeout)
 
     def session(self, conn: psycopg.Connection[TupleRow]) -> Transaction:
         """Broker statements on a connection you manage (your transaction, your commit)."""

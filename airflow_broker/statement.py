@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
 from airflow_broker.errors import translate
@@ -58,8 +59,11 @@ class StatementRunner:
     ) -> None:
         """Registers a receiving transaction for poison-message detection, on the Broker's own
         connection so that the record survives this transaction's rollback."""
-        self.received_queues.add(queue_id)
         self.broker.stats.received += len(messages)
+        if self._conn.info.transaction_status == TransactionStatus.IDLE:
+            # An autocommit RECEIVE has committed already: nothing can roll it back.
+            return
+        self.received_queues.add(queue_id)
         if poison_handling:
             self.broker.register_receive(queue_id, xid, [m.message_id for m in messages],
                                          self._conn.info.backend_pid)

@@ -236,6 +236,37 @@ def test_T_RC_05_savepoint_rollback_keeps_the_lock(
         conn1.commit()
 
 
+def test_autocommit_receive_removes_at_once(app: App) -> None:
+    """RECEIVE outside a transaction commits its removal at once (spec 8, autocommit): a
+    failure afterwards loses the message, and poison detection has nothing to count."""
+    handle = app.dialog()
+    send(app.broker, handle, "first", "second")
+    with pytest.raises(RuntimeError):
+        (first,) = app.broker.receive("q_t", top=1)
+        raise RuntimeError("processing failed after the RECEIVE")
+    assert count(app.broker, "SELECT count(*) FROM broker.queue_messages") == 1
+    assert count(app.broker, "SELECT count(*) FROM broker.receive_log") == 0
+    (second,) = app.broker.receive("q_t", top=1, waitfor=True, timeout=5)
+    assert (first.text(), second.text()) == ("first", "second")
+    assert app.broker.receive("q_t", waitfor=True, timeout=0.2) == []
+    # The pool's connections are back to what its other users expect.
+    with app.broker.pool.connection() as conn:
+        assert not conn.autocommit
+
+
+def test_autocommit_receive_bad_input(app: App) -> None:
+    handle = app.dialog()
+    send(app.broker, handle, "kept")
+    before = snapshot(app.broker)
+    with pytest.raises(BrokerError) as unknown:
+        app.broker.receive("no_such_queue")
+    assert unknown.value.number == 208
+    with pytest.raises(BrokerError) as negative:
+        app.broker.receive("q_t", top=-1)
+    assert negative.value.number == 50106
+    assert snapshot(app.broker) == before
+
+
 def test_T_RC_06_waitfor_times_out_empty(app: App) -> None:
     started = time.monotonic()
     with app.broker.transaction() as tx:
