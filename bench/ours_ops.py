@@ -82,6 +82,14 @@ class Receive(_BrokerOp):
             return len(tx.receive(self.queue, top=self.top))
 
 
+class ReceiveAutocommit(Receive):
+    """RECEIVE TOP(batch) outside a transaction: one statement that commits its removal (c's
+    like-for-like with pgmq.pop)."""
+
+    def __call__(self) -> int:
+        return len(self.broker.receive(self.queue, top=self.top))
+
+
 class WaitReceive(_BrokerOp):
     """WAITFOR (RECEIVE TOP(batch)) and commit, for a reader fed while it reads (k): it waits
     for messages instead of stopping at an empty queue, and stops (returns 0) only when none

@@ -10,6 +10,7 @@ LOAD_OPS: dict[str, OpFactory] = {
     "ours.send_batch": ours_ops.SendBatch,
     "ours.send_random": ours_ops.SendRandom,
     "ours.receive": ours_ops.Receive,
+    "ours.receive_autocommit": ours_ops.ReceiveAutocommit,
     "ours.receive_wait": ours_ops.WaitReceive,
     "ours.dialog_begin": ours_ops.DialogBegin,
     "ours.dialog_answer": ours_ops.DialogAnswer,

@@ -113,8 +113,10 @@ def send_batch(env: Env) -> Scenario:
 def _receive_contenders(
     env: Env, target_name: str, top: int, fill_per_second: int, cap: int, workers: int,
     peers: list[tuple[str, str, str]],
+    ours: tuple[tuple[str, str, str], ...] = (("ours", "RECEIVE", "ours.receive"),),
 ) -> list[Contender]:
-    """Our RECEIVE TOP(top) and each peer op, with queues pre-filled before every measurement."""
+    """Each of our RECEIVE TOP(top) ops and each peer op, with queues pre-filled before every
+    measurement."""
     target = env.catalog.targets[target_name]
     seconds = env.options.seconds
     fills: dict[str, Fill] = {}
@@ -122,8 +124,8 @@ def _receive_contenders(
     def fill_for(key: str) -> Fill:
         return fills.setdefault(key, Fill(int(fill_per_second * seconds) + 10 * top, cap))
 
-    def ours_ready() -> int:
-        size = fill_for("ours").size
+    def ours_ready(key: str) -> int:
+        size = fill_for(key).size
         with env.transaction() as conn:
             ours_setup.purge(conn, target)
             ours_setup.add_dialogs(
@@ -142,9 +144,10 @@ def _receive_contenders(
 
     who = f"{workers} reader{'s' if workers > 1 else ''}"
     contenders = [Contender(
-        f"ours{workers}", f"ours RECEIVE TOP({top}), {who}", "ours.receive", workers,
-        OpParams(target.queue, batch=top), ours_ready, _after(fill_for("ours"), seconds),
-    )]
+        f"{key}{workers}", f"ours {label} TOP({top}), {who}", op, workers,
+        OpParams(target.queue, batch=top), functools.partial(ours_ready, key),
+        _after(fill_for(key), seconds),
+    ) for key, label, op in ours]
     for key, label, op in peers:
         contenders.append(Contender(
             f"{key}{workers}", f"{label}, {who}", op, workers, OpParams(target.queue, batch=top),
@@ -163,21 +166,29 @@ def _after(fill: Fill, seconds: float) -> Callable[[Measurement], None]:
 def receive_one(env: Env) -> Scenario:
     """c: RECEIVE TOP(1) + commit vs pgmq read+delete and vs pgmq.pop, 1 and 2 readers."""
     peers = [("read", "pgmq read+delete", "pgmq.read_delete"), ("pop", "pgmq.pop", "pgmq.pop")]
+    ours = (("ours", "RECEIVE", "ours.receive"),
+            ("auto", "autocommit RECEIVE", "ours.receive_autocommit"))
     contenders = []
     for workers in (1, 2):
-        contenders += _receive_contenders(env, "recv1", 1, 3_000, 500_000, workers, peers)
+        contenders += _receive_contenders(env, "recv1", 1, 3_000, 500_000, workers, peers, ours)
     rates = alternate(env, "c", contenders)
     scenario = Scenario("c", "RECEIVE TOP(1) + commit")
+    read_target = Target("ratio_at_least", 2.0, ">= 2.0x read+delete")
+    pop_target = Target("ratio_at_least", 1.0, ">= 1.0x pop")
     for workers in (1, 2):
         who = f"{workers} reader{'s' if workers > 1 else ''}"
-        for key, label, target in (("read", "pgmq read+delete", Target(
-                "ratio_at_least", 2.0, ">= 2.0x read+delete")),
-                ("pop", "pgmq.pop", Target("ratio_at_least", 1.0, ">= 1.0x pop"))):
+        # The transaction's RECEIVE against both; the autocommit RECEIVE (one statement that
+        # commits the removal, at-most-once as pop is) against pop.
+        for ours_key, ours_label, key, label, target in (
+                ("ours", "RECEIVE TOP(1)+commit", "read", "pgmq read+delete", read_target),
+                ("ours", "RECEIVE TOP(1)+commit", "pop", "pgmq.pop", pop_target),
+                ("auto", "autocommit RECEIVE TOP(1) (Broker.receive)", "pop", "pgmq.pop",
+                 pop_target)):
             scenario.rows.append(Row(
-                f"RECEIVE TOP(1)+commit, {who}", "msg/s", label,
-                median(rates[f"{key}{workers}"]), median(rates[f"ours{workers}"]),
+                f"{ours_label}, {who}", "msg/s", label,
+                median(rates[f"{key}{workers}"]), median(rates[f"{ours_key}{workers}"]),
                 target=target, peer_rounds=rates[f"{key}{workers}"],
-                ours_rounds=rates[f"ours{workers}"],
+                ours_rounds=rates[f"{ours_key}{workers}"],
             ))
     return scenario
 
