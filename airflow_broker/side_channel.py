@@ -20,6 +20,8 @@ from psycopg.rows import TupleRow
 
 log = logging.getLogger(__name__)
 
+_FAILED = "a statement of poison detection's side connection failed: %s"
+
 
 class SideChannel:
     def __init__(self, dsn: str, application_name: str, role: str | None) -> None:
@@ -42,13 +44,13 @@ class SideChannel:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None and not self._conn.closed:
-                try:
+            try:
+                if self._conn is not None and not self._conn.closed:
                     self._collect(self._conn)
-                except psycopg.OperationalError as exc:
-                    log.error("poison detection could not record a receive: %s", exc)
-                self._conn.close()
-            self._conn = None
+            except psycopg.OperationalError as exc:
+                log.error(_FAILED, exc)
+            finally:
+                self._forget()
 
     def _on_connection(self, query: bytes, *, wait: bool) -> None:
         with self._lock:
@@ -66,7 +68,7 @@ class SideChannel:
                 except psycopg.OperationalError as exc:
                     self._forget()
                     if attempt == 2:
-                        log.error("poison detection could not record a receive: %s", exc)
+                        log.error(_FAILED, exc)
 
     def _connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -93,7 +95,7 @@ class SideChannel:
         while (result := pgconn.get_result()) is not None:
             if result.status == pq.ExecStatus.FATAL_ERROR:
                 message = (result.error_message or b"").decode(errors="replace").strip()
-                log.error("poison detection could not record a receive: %s", message)
+                log.error(_FAILED, message)
         self._pending = False
         if pgconn.status != pq.ConnStatus.OK:
             raise psycopg.OperationalError("the side connection was lost")
