@@ -49,10 +49,6 @@ class BrokerStats:
     rollbacks: int = 0
 
 
-def _autocommit_off(conn: psycopg.Connection[TupleRow]) -> None:
-    conn.autocommit = False
-
-
 class Broker:
     """A Service Broker on PostgreSQL.
 
@@ -97,7 +93,6 @@ class Broker:
             name=f"airflow-broker-{self.schema}",
             kwargs={"application_name": application_name},
             configure=self._configure if role else None,
-            reset=_autocommit_off,
         )
         self.wakeups = WakeUps(self.dsn, self.schema)
         self._calls: dict[tuple[str, int, tuple[str, ...]], bytes] = {}
@@ -128,18 +123,32 @@ class Broker:
         return report
 
     @contextmanager
+    def _autocommit_connection(self) -> Iterator[psycopg.Connection[TupleRow]]:
+        """A pooled connection in autocommit mode, back to psycopg's default when returned.
+        Not through the pool's reset callback: with one, the pool hands every returned
+        connection to a worker thread, and the next checkout waits for that thread."""
+        with self.pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                if conn.info.transaction_status == TransactionStatus.IDLE:
+                    conn.autocommit = False
+                # Otherwise the connection broke (its ROLLBACK failed too), and the pool
+                # discards it.
+
+    @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """A pooled connection in a transaction that commits when the block ends normally and
         rolls back when it raises."""
-        with self.pool.connection() as conn:
+        with self._autocommit_connection() as conn:
             # BEGIN, COMMIT and ROLLBACK are ours: BEGIN travels with the first statement.
-            # The pool's reset() turns autocommit off again for its other users.
-            conn.autocommit = True
             tx = Transaction(conn, self, begin=True)
             try:
                 yield tx
                 if tx.begun:
-                    conn.execute(b"COMMIT")
+                    # commit() sends a bare COMMIT, without execute()'s cursor and preparing.
+                    conn.commit()
             except BaseException:
                 if conn.info.transaction_status in (TransactionStatus.INTRANS,
                                                     TransactionStatus.INERROR):
@@ -181,8 +190,7 @@ class Broker:
         from the queue when it returns. If processing them fails, they are not received again,
         and poison detection has nothing to count. For exactly-once processing, RECEIVE inside
         ``transaction()`` and commit with your work."""
-        with self.pool.connection() as conn:
-            conn.autocommit = True
+        with self._autocommit_connection() as conn:
             return Transaction(conn, self).receive(
                 queue_name, top, conversation_handle=conversation_handle,
                 conversation_group_id=conversation_group_id, waitfor=waitfor, timeout=timeout)

@@ -62,3 +62,21 @@ def test_a_failed_first_statement_leaves_nothing_and_the_connection_usable(order
         with broker.transaction() as tx:
             tx.send(handle, "Req", b"after the failure")
     assert count(orders.broker, "SELECT count(*) FROM broker.queue_messages") == 1
+
+
+def test_committed_work_and_autocommit_receive_hand_the_connection_back_as_found(
+        orders: App) -> None:
+    handle = orders.dialog()
+    with Broker(orders.broker.dsn, max_connections=1) as broker:
+        with broker.transaction() as tx:
+            tx.send(handle, "Req", b"order 1")
+            tx.conn.execute("INSERT INTO public.orders VALUES (1)")
+        assert len(broker.receive("q_t")) == 1
+        with broker.pool.connection() as conn:
+            assert not conn.autocommit
+            assert conn.info.transaction_status.name == "IDLE"
+            # psycopg's default: a statement opens a transaction that only COMMIT ends.
+            conn.execute("INSERT INTO public.orders VALUES (2)")
+            assert conn.info.transaction_status.name == "INTRANS"
+            conn.rollback()
+    assert count(orders.broker, "SELECT count(*) FROM public.orders") == 1
