@@ -13,8 +13,11 @@ is what tasks_waiting counts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue as queue_module
+import select
+import socket
 import threading
 import uuid
 from collections import defaultdict
@@ -62,6 +65,11 @@ class WakeUps:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # Rung when a command is queued or the listener must stop: the listener sleeps in
+        # select() on it and on its connection, so it takes a registration at once.
+        self._bell, self._bell_ringer = socket.socketpair()
+        self._bell.setblocking(False)
+        self._bell_ringer.setblocking(False)
 
     def channel(self, queue_id: int) -> str:
         return f"{self._schema}_queue_{queue_id}"
@@ -84,6 +92,7 @@ class WakeUps:
 
     def close(self) -> None:
         self._stopping.set()
+        self._ring()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
@@ -97,8 +106,19 @@ class WakeUps:
                 )
                 self._thread.start()
 
+    def _ring(self) -> None:
+        # A full socket buffer means the bell is ringing already.
+        with contextlib.suppress(BlockingIOError):
+            self._bell_ringer.send(b"\0")
+
+    def _silence(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._bell.recv(4096):
+                pass
+
     def _submit(self, command: _Command, *, wait: bool) -> None:
         self._commands.put(command)
+        self._ring()
         if wait:
             # Registration normally takes a round trip; if the listener cannot reach the
             # database, the waiter falls back to polling after a short while.
@@ -120,19 +140,30 @@ class WakeUps:
     def _serve(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         listening: set[int] = set()
         registered: dict[uuid.UUID, int] = {}
+        # queue_waiters rows are hints that steer SEND's NOTIFY, and every listener is gone
+        # after a crash anyway: their commits need not wait for the disk (a wait registers and
+        # unregisters, two commits).
+        conn.execute("SET synchronous_commit = off")
+        # Notifications that arrive while a statement runs on the connection.
+        conn.add_notify_handler(lambda notify: self._wake_channel(notify.channel))
         # After a reconnect, waiters still present are registered again.
         with self._lock:
             current = [(w, q) for q, ws in self._waiters.items() for w in ws]
         for waiter_id, queue_id in current:
             self._register(conn, listening, registered, waiter_id, queue_id)
+        encoding = conn.info.encoding
         while not self._stopping.is_set():
             self._drain_commands(conn, listening, registered)
-            # The notifies() generator holds the connection's lock while it is suspended, so
-            # nothing else may run on the connection until it has returned: wake the waiters
-            # only after it has.
-            channels = [n.channel for n in conn.notifies(timeout=0.05, stop_after=1)]
-            for channel in channels:
-                self._wake_channel(channel)
+            bell = self._bell.fileno()
+            ready, _, _ = select.select([conn.fileno(), bell], [], [], 1.0)
+            if bell in ready:
+                self._silence()
+            if conn.fileno() in ready:
+                # The connection is idle here: read what arrived (a lost connection raises)
+                # and take the notifications out of libpq ourselves.
+                conn.pgconn.consume_input()
+                while (notify := conn.pgconn.notifies()) is not None:
+                    self._wake_channel(notify.relname.decode(encoding))
 
     def _drain_commands(
         self,
@@ -171,18 +202,18 @@ class WakeUps:
         waiter_id: uuid.UUID,
         queue_id: int,
     ) -> None:
+        schema = sql.Identifier(self._schema)
         if queue_id not in listening:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel(queue_id))))
             listening.add(queue_id)
-        schema = sql.Identifier(self._schema)
-        # Rows left by listeners that died would only cause needless NOTIFYs.
-        conn.execute(
-            sql.SQL(
-                "DELETE FROM {}.queue_waiters WHERE queue_id = %s"
-                " AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity)"
-            ).format(schema),
-            [queue_id],
-        )
+            # Rows left by listeners that died would only cause needless NOTIFYs.
+            conn.execute(
+                sql.SQL(
+                    "DELETE FROM {}.queue_waiters WHERE queue_id = %s"
+                    " AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity)"
+                ).format(schema),
+                [queue_id],
+            )
         conn.execute(
             sql.SQL(
                 "INSERT INTO {}.queue_waiters (waiter_id, queue_id, backend_pid, since)"
