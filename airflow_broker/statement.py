@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 
 from airflow_broker.errors import translate
+
+TUPLES_OK = ExecStatus.TUPLES_OK
 
 if TYPE_CHECKING:
     from airflow_broker.broker import Broker
@@ -84,7 +86,9 @@ class StatementRunner:
                     cursor = self._conn.execute(query, params)
             else:
                 cursor = self._conn.execute(query, params)
-            return cursor.fetchall() if cursor.description is not None else []
+            # Not cursor.description, which builds a Column object per column on every call.
+            result = cursor.pgresult
+            return cursor.fetchall() if result is not None and result.status == TUPLES_OK else []
         except psycopg.Error as exc:
             broker_error = translate(exc)
             if broker_error is not None:
