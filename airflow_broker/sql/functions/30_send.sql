@@ -218,6 +218,7 @@ DECLARE
     e record;
     v_seq bigint;
     v_missing uuid;
+    v_handles uuid[] := p_handles;
     v_reject record;
     v_status text;
     v_rejected boolean;
@@ -244,8 +245,12 @@ BEGIN
 
     -- One handle at a time, in handle order (so concurrent multi-conversation SENDs cannot
     -- deadlock), each looked up with "= handle": a lookup PostgreSQL keeps one cached plan for,
-    -- where "= ANY(array)" is planned again on every call.
-    FOR v_handle IN SELECT DISTINCT h FROM unnest(p_handles) h ORDER BY h LOOP
+    -- where "= ANY(array)" is planned again on every call. Duplicates were refused above; a
+    -- single handle needs no sorting query.
+    IF cardinality(p_handles) > 1 THEN
+        v_handles := ARRAY(SELECT h FROM unnest(p_handles) h ORDER BY h);
+    END IF;
+    FOREACH v_handle IN ARRAY v_handles LOOP
         SELECT ce.conversation_handle, ce.conversation_id, ce.is_initiator, ce.state,
                ce.service_contract_id, ce.conversation_group_id, ce.service_id, ce.far_handle,
                ce.far_service, ce.lifetime, ce.send_sequence, ce.priority,
