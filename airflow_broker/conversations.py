@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_broker.errors import BrokerError
+from airflow_broker.errors import NOT_A_HANDLE, BrokerError
 from airflow_broker.statement import StatementRunner
 from airflow_broker.validation import verdict
 
@@ -17,6 +17,23 @@ log = logging.getLogger(__name__)
 MAX_LIFETIME = 2_147_483_647
 
 Body = bytes | bytearray | memoryview | str | None
+
+
+def conversation_handle(value: object) -> uuid.UUID:
+    """A handle given as a UUID or as its text (handles travel through XCom as text)."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise BrokerError(8169, NOT_A_HANDLE) from None
+
+
+def handle_array(handles: list[uuid.UUID]) -> str:
+    """The handles as a uuid[] literal (UUIDs have no characters to quote): psycopg's
+    adaptation of a list of UUIDs costs a SEND more client time than the rest of its
+    parameters together."""
+    return "{" + ",".join(map(str, handles)) + "}"
 
 
 def body_bytes(body: Body) -> bytes | None:
@@ -64,7 +81,7 @@ class ConversationStatements(StatementRunner):
 
     def send(
         self,
-        conversation_handles: uuid.UUID | Sequence[uuid.UUID],
+        conversation_handles: uuid.UUID | str | Sequence[uuid.UUID | str],
         message_type: str = "DEFAULT",
         body: Body = None,
     ) -> None:
@@ -74,11 +91,10 @@ class ConversationStatements(StatementRunner):
         would check them; a body the target rejects is not an error of the SEND: the sender
         receives an Error message instead, as in SQL Server.
         """
-        handles = (
-            [conversation_handles]
-            if isinstance(conversation_handles, uuid.UUID)
-            else list(conversation_handles)
-        )
+        if isinstance(conversation_handles, (uuid.UUID, str)):
+            handles = [conversation_handle(conversation_handles)]
+        else:
+            handles = [conversation_handle(h) for h in conversation_handles]
         self._send("send", handles, message_type, body)
 
     def send_many(self, conversation_handle: uuid.UUID, message_type: str,
@@ -114,8 +130,9 @@ class ConversationStatements(StatementRunner):
             problem = verdict(info, data)
         first = "uuid[]" if isinstance(handles, list) else "uuid"
         q = self.function(function, 6, [first, "text", "bytea", "boolean", "text", "text"])
+        target = handle_array(handles) if isinstance(handles, list) else handles
         try:
-            return self.scalar(q, [handles, message_type, data, body is None, checked_as,
+            return self.scalar(q, [target, message_type, data, body is None, checked_as,
                                    problem])
         except BrokerError as exc:
             if exc.number == 50103:

@@ -8,6 +8,7 @@ import psycopg
 
 # The SQL functions raise SQLSTATE SB000 with "Msg <number>: <text>".
 BROKER_SQLSTATE = "SB000"
+INVALID_TEXT_REPRESENTATION = "22P02"
 _MSG = re.compile(r"^Msg (\d+): (.*)$", re.DOTALL)
 
 
@@ -26,6 +27,10 @@ class QueueDisabledError(BrokerError):
 
 _BY_NUMBER: dict[int, type[BrokerError]] = {9617: QueueDisabledError}
 
+# SQL Server's 8169, for a conversation handle or group id that is not a UUID.
+NOT_A_HANDLE = ("Conversion failed when converting from a character string to "
+                "uniqueidentifier.")
+
 
 def broker_error(number: int, message: str) -> BrokerError:
     return _BY_NUMBER.get(number, BrokerError)(number, message)
@@ -33,6 +38,9 @@ def broker_error(number: int, message: str) -> BrokerError:
 
 def translate(exc: psycopg.Error) -> BrokerError | None:
     """The BrokerError behind a database error raised by a broker function, if it is one."""
+    if exc.sqlstate == INVALID_TEXT_REPRESENTATION and "type uuid" in (
+            exc.diag.message_primary or ""):
+        return BrokerError(8169, NOT_A_HANDLE)
     if exc.sqlstate != BROKER_SQLSTATE or exc.diag.message_primary is None:
         return None
     match = _MSG.match(exc.diag.message_primary)

@@ -209,6 +209,34 @@ def test_T_SD_02_multi_handle_send_is_atomic(app: App) -> None:
     assert snapshot(app.broker) == before
 
 
+def test_handles_as_text_and_hostile_handles(app: App) -> None:
+    """Handles travel through XCom as text: SEND takes them so, alone or mixed with UUIDs. Text
+    that is not one handle is error 8169 (SQL Server's failed uniqueidentifier conversion) and
+    changes nothing, even when it would read as two handles in an array literal."""
+    first, second = app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(str(first), "Req", b"by text")
+        tx.send([str(first), second], "Req", b"mixed")
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t") + tx.receive("q_t")
+    assert sorted(m.message_body or b"" for m in received) == [b"by text", b"mixed", b"mixed"]
+
+    before = snapshot(app.broker)
+    hostile: list[object] = [f"{first},{second}", [f"{first},{second}"],
+                             [f"{first}}},{{{second}"], "not a handle", [first, "x"], [42]]
+    for handles in hostile:
+        with pytest.raises(BrokerError) as exc, app.broker.transaction() as tx:
+            tx.send(handles, "Req", b"never stored")  # type: ignore[arg-type]
+        assert exc.value.number == 8169, handles
+    with pytest.raises(BrokerError) as ended, app.broker.transaction() as tx:
+        tx.end_conversation("not a handle")  # type: ignore[arg-type]
+    assert ended.value.number == 8169
+    with pytest.raises(BrokerError) as filtered, app.broker.transaction() as tx:
+        tx.receive("q_t", conversation_handle="not a handle")  # type: ignore[arg-type]
+    assert filtered.value.number == 8169
+    assert snapshot(app.broker) == before
+
+
 def test_T_SD_03_send_in_error_state(app: App) -> None:
     with app.broker.transaction() as tx:
         tx.create_queue("q_x")
