@@ -1,6 +1,13 @@
 -- Shared helpers of every statement: the clock, errors, name checks, system message bodies and
 -- WAITFOR wake-ups. Files in this folder are re-applied by install() whenever they change; each
 -- function pins search_path to the broker schema it was installed into.
+--
+-- The statements' entry points (SEND, BEGIN DIALOG, RECEIVE, END CONVERSATION, ...) also set
+-- enable_seqscan = off for everything they run. Their lookups are all by key, and a session that
+-- first plans them while the tables have statistics of a page or two (a new broker, or one
+-- analyzed while empty) would cache sequential scans, PostgreSQL's own foreign-key checks
+-- included, until the next ANALYZE: a dialog's BEGIN + SEND measured 1.7 ms of server time
+-- after 1,000 dialogs and 4.5 ms after 3,000, against a flat 1.2-1.35 ms with the setting.
 
 -- The one clock every time-based rule reads (UTC, as SQL Server's catalog views). Tests and the
 -- CLI move it by changing clock.offset_by.

@@ -10,7 +10,8 @@ CREATE OR REPLACE FUNCTION begin_dialog(
     p_lifetime integer DEFAULT 2147483647,
     p_encryption boolean DEFAULT true,
     p_to_broker_instance text DEFAULT NULL)
-RETURNS uuid LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS uuid LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     v_service_id integer;
     v_contract_id integer;

@@ -210,7 +210,8 @@ CREATE OR REPLACE FUNCTION send(
     p_body_omitted boolean,
     p_checked_as text,
     p_xml_error text)
-RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     v_type message_types;
     v_body bytea := nullif(p_body, '\x'::bytea);
@@ -347,7 +348,8 @@ $$;
 CREATE OR REPLACE FUNCTION send_if_open(p_handle uuid, p_message_type text, p_body bytea,
                                         p_body_omitted boolean, p_checked_as text,
                                         p_xml_error text)
-RETURNS boolean LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS boolean LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     e endpoints := lock_endpoint(p_handle);
 BEGIN
@@ -366,7 +368,8 @@ $$;
 -- for a peer in another broker into the transmission queue.
 CREATE OR REPLACE FUNCTION send_many(p_handle uuid, p_message_type text, p_bodies bytea[],
                                      p_checked_as text, p_xml_errors text[])
-RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     v_count integer := coalesce(cardinality(p_bodies), 0);
     v_type message_types;

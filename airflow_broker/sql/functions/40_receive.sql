@@ -104,7 +104,8 @@ CREATE OR REPLACE FUNCTION receive(
     p_top bigint DEFAULT NULL,
     p_conversation_handle uuid DEFAULT NULL,
     p_conversation_group_id uuid DEFAULT NULL)
-RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     q queues := receivable_queue(p_queue);
     v_limit bigint := coalesce(p_top, 9223372036854775807);
@@ -166,7 +167,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION get_conversation_group(p_queue text) RETURNS uuid
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     q queues := receivable_queue(p_queue);
     v_group uuid;

@@ -25,7 +25,8 @@ $$;
 -- before anything came back: the pattern that leaks target endpoints (spec 15.3).
 CREATE OR REPLACE FUNCTION end_conversation(p_handle uuid, p_with_error boolean,
                                             p_error_code integer, p_error_description text)
-RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     e endpoints := lock_endpoint(p_handle);
     v_service text;
@@ -132,7 +133,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION end_conversation(p_handle uuid) RETURNS text
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 BEGIN
     RETURN end_conversation(p_handle, false, NULL::integer, NULL::text);
 END
@@ -140,7 +142,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION end_conversation_with_error(p_handle uuid, p_error_code integer,
                                                        p_error_description text)
-RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 BEGIN
     RETURN end_conversation(p_handle, true, p_error_code, p_error_description);
 END
@@ -148,7 +151,8 @@ $$;
 
 -- WITH CLEANUP: the endpoint and everything it holds go; the peer is never told.
 CREATE OR REPLACE FUNCTION end_conversation_with_cleanup(p_handle uuid) RETURNS void
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     e endpoints := lock_endpoint(p_handle);
 BEGIN

@@ -1,7 +1,8 @@
 -- BEGIN CONVERSATION TIMER (spec 12) and MOVE CONVERSATION (spec 13).
 
 CREATE OR REPLACE FUNCTION begin_conversation_timer(p_handle uuid, p_timeout integer)
-RETURNS timestamp LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS timestamp LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     e endpoints := lock_endpoint(p_handle);
     v_due timestamp;
@@ -24,7 +25,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION move_conversation(p_handle uuid, p_group uuid)
-RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 DECLARE
     e endpoints := lock_endpoint(p_handle);
     v_service integer;

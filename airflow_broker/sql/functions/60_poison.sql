@@ -9,7 +9,8 @@
 
 CREATE OR REPLACE FUNCTION register_receive(p_queue_id integer, p_xid xid8, p_message_ids uuid[],
                                             p_backend_pid integer)
-RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
+SET enable_seqscan = off AS $$
 BEGIN
     INSERT INTO receive_log (queue_id, xid, message_ids, backend_pid, received_at)
     VALUES (p_queue_id, p_xid, p_message_ids, p_backend_pid, utc_now())
