@@ -1,0 +1,55 @@
+"""The broker's statements keep index plans when their session first planned them against
+nearly empty tables: a new broker, or one analyzed while it was idle and empty. PostgreSQL
+caches a session's generic plans (its foreign-key checks' plans too) until the next ANALYZE,
+and sequential scans chosen for a table of one page then read the whole table on every call
+as it grows."""
+
+from __future__ import annotations
+
+import psycopg
+
+from airflow_broker import END_DIALOG, Broker
+from tests.conftest import App
+
+GROWING = ("endpoints", "dialog_groups", "queue_messages")
+
+
+def _sequential_scans(conn: psycopg.Connection) -> dict[str, int]:
+    """Sequential scans of the growing tables in the current transaction so far."""
+    rows = conn.execute(
+        "SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'broker' AND relname = ANY(%s) AND seq_scan > 0",
+        [list(GROWING)]).fetchall()
+    return {name: scans for name, scans in rows}
+
+
+def test_dialogs_read_growing_tables_by_index_after_an_analyze_of_empty_tables(
+        app: App) -> None:
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.endpoints, broker.dialog_groups,"
+                     " broker.queue_messages")
+    # New sessions, which plan every statement from here on.
+    with Broker(app.broker.dsn, max_connections=1) as broker:
+        def dialog() -> list[dict[str, int]]:
+            scans = []
+            with broker.transaction() as tx:
+                handle = tx.begin_dialog("I", "T", "C")
+                tx.send(handle, "Req", b"request")
+                scans.append(_sequential_scans(tx.conn))
+            with broker.transaction() as tx:
+                (request,) = tx.receive("q_t")
+                tx.send(request.conversation_handle, "Resp", b"reply")
+                tx.end_conversation(request.conversation_handle)
+                scans.append(_sequential_scans(tx.conn))
+            with broker.transaction() as tx:
+                messages = tx.receive("q_i")
+                assert [m.message_type_name for m in messages] == ["Resp", END_DIALOG]
+                tx.end_conversation(messages[0].conversation_handle)
+                scans.append(_sequential_scans(tx.conn))
+            return scans
+
+        # Enough dialogs for the cached plans to be generic ones and the tables to outgrow a
+        # page (a target endpoint stays CLOSED after its END).
+        for _ in range(150):
+            dialog()
+        assert dialog() == [{}, {}, {}]
