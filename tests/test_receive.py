@@ -446,3 +446,36 @@ def test_listener_keeps_serving_waiters_under_a_stream_of_wake_ups(app: App) -> 
         send(app.broker, handle, "last")
         assert [m.text() for m in future.result(timeout=60)] == ["last"]
     assert sorted(received) == sorted(f"m{i}" for i in range(150))
+
+
+def test_listener_reconnects_when_its_connection_is_lost(app: App) -> None:
+    """The WAITFOR listener sleeps on its connection's socket; when the server ends that
+    connection, the listener connects again and registers the waiters still waiting, and later
+    waiters are registered and woken as before."""
+    handle = app.dialog()
+
+    def listener_pids() -> set[int]:
+        with psycopg.connect(app.broker.dsn) as conn:
+            return {pid for (pid,) in conn.execute(
+                "SELECT backend_pid FROM broker.queue_waiters").fetchall()}
+
+    def waiting_receive() -> list[Message]:
+        with app.broker.transaction() as tx:
+            return tx.receive("q_t", waitfor=True, timeout=60)
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(waiting_receive)
+        wait_until(lambda: len(listener_pids()) == 1, "the waiter to register")
+        (lost,) = listener_pids()
+        with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", [lost])
+        wait_until(lambda: listener_pids() not in (set(), {lost}),
+                   "the waiter to be registered again by a new listener connection")
+        send(app.broker, handle, "after the loss")
+        assert [m.text() for m in future.result(timeout=60)] == ["after the loss"]
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(waiting_receive)
+        wait_until(lambda: len(listener_pids()) == 1, "a new waiter to register")
+        assert lost not in listener_pids()
+        send(app.broker, handle, "later")
+        assert [m.text() for m in future.result(timeout=60)] == ["later"]
