@@ -133,8 +133,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION end_conversation(p_handle uuid) RETURNS text
-LANGUAGE plpgsql SET search_path FROM CURRENT
-SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN end_conversation(p_handle, false, NULL::integer, NULL::text);
 END
@@ -142,8 +141,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION end_conversation_with_error(p_handle uuid, p_error_code integer,
                                                        p_error_description text)
-RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT
-SET enable_seqscan = off AS $$
+RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN end_conversation(p_handle, true, p_error_code, p_error_description);
 END
