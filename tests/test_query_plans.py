@@ -53,3 +53,34 @@ def test_dialogs_read_growing_tables_by_index_after_an_analyze_of_empty_tables(
         for _ in range(150):
             dialog()
         assert dialog() == [{}, {}, {}]
+
+
+def _rows_fetched_by_index(conn: psycopg.Connection) -> int:
+    """Rows of queue_messages fetched through its indexes in the current transaction so far."""
+    row = conn.execute(
+        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'broker' AND relname = 'queue_messages'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_receive_reads_what_it_takes_whatever_else_waits(app: App) -> None:
+    # 20,000 messages wait in one conversation; RECEIVE takes five of another one. Its cached
+    # generic plan must not read the table's other rows: a plan that joined the taken rows
+    # instead of looking them up read every row through the primary key on each RECEIVE.
+    crowd, few = app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        for _ in range(20):
+            tx.send_many(crowd, "Req", [b"waiting"] * 1_000)
+        tx.send_many(few, "Req", [b"taken"] * 5)
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.queue_messages")
+        target = conn.execute("SELECT conversation_handle FROM broker.endpoints"
+                              " WHERE far_handle = %s", [few]).fetchone()
+    assert target is not None
+    with app.broker.transaction() as tx:
+        before = _rows_fetched_by_index(tx.conn)
+        taken = tx.receive("q_t", conversation_handle=target[0])
+        read = _rows_fetched_by_index(tx.conn) - before
+    assert [m.text() for m in taken] == ["taken"] * 5
+    assert read < 100

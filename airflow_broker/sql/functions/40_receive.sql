@@ -43,7 +43,10 @@ $$;
 -- conversations one after another, each with DialogTimer first, then Error, then in sequence.
 -- attempts is how often the message came back after a rolled-back RECEIVE.
 -- Generic plans: the custom plan of this query is not cheaper than the generic one, yet the
--- planner's estimates would have PostgreSQL plan it anew on every call.
+-- planner's estimates would have PostgreSQL plan it anew on every call. A generic plan
+-- estimates LIMIT $n at a tenth of the rows, so the taken rows are named by an array of keys:
+-- joined to the picked rows instead, a table of 200,000 messages in another queue had every
+-- RECEIVE hash-join the whole primary key (30 ms for TOP(100), against 0.2 ms).
 CREATE OR REPLACE FUNCTION take_messages(p_queue queues, p_group uuid, p_handle uuid,
                                          p_limit bigint)
 RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT
@@ -58,8 +61,8 @@ BEGIN
              ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
              LIMIT p_limit),
         taken AS (
-            UPDATE queue_messages m SET status = 0 FROM picked p
-             WHERE m.queuing_order = p.queuing_order
+            UPDATE queue_messages m SET status = 0
+             WHERE m.queuing_order = ANY (ARRAY(SELECT queuing_order FROM picked))
             RETURNING m.*)
         SELECT 1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
                t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
@@ -81,8 +84,8 @@ BEGIN
              ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
              LIMIT p_limit),
         taken AS (
-            DELETE FROM queue_messages m USING picked p
-             WHERE m.queuing_order = p.queuing_order
+            DELETE FROM queue_messages m
+             WHERE m.queuing_order = ANY (ARRAY(SELECT queuing_order FROM picked))
             RETURNING m.*)
         SELECT 1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
                t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
