@@ -312,6 +312,21 @@ def test_send_many_numbers_and_delivers_in_order(app: App) -> None:
     assert endpoint(app.broker, handle)["send_sequence"] == 254  # type: ignore[index]
 
 
+def test_send_many_gives_every_message_its_own_id(app: App) -> None:
+    # A batch's ids are counted on from one random UUID: they must still differ from each other
+    # and from other batches', and read as random (version 4) UUIDs.
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        for _ in range(3):
+            tx.send_many(handle, "Req", ["x"] * 300)
+        tx.send(handle, "Req", "single")
+    with app.broker.transaction() as tx:
+        ids = [m.message_id for m in tx.receive("q_t")]
+    assert len(ids) == 901
+    assert len(set(ids)) == 901
+    assert {(i.version, i.variant) for i in ids} == {(4, uuid.RFC_4122)}
+
+
 def test_send_many_takes_the_careful_path_when_it_must(app: App) -> None:
     # Message 0 creates the target; then the target queue is disabled, so the rest wait in
     # the transmission queue, in order.

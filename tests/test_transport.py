@@ -662,7 +662,9 @@ def test_send_many_to_a_remote_peer_waits_behind_the_conversations_back_off(pair
         tx.alter_route("to_T", address=pair.b_uri)
     pair.routes(forward=False)
     pair.pump()
-    assert [m.text() for m in receive_all(pair.b, "q_t")] == ["first", "a", "b", "c"]
+    arrived = receive_all(pair.b, "q_t")
+    assert [m.text() for m in arrived] == ["first", "a", "b", "c"]
+    assert len({m.message_id for m in arrived}) == 4
 
 
 def test_a_far_broker_that_hangs_times_out_and_is_retried(pair: Pair) -> None:

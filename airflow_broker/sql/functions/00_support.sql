@@ -22,6 +22,20 @@ BEGIN
 END
 $$;
 
+-- The message ids of a batch: one random UUID per batch, its last 48 bits counted on per message
+-- (the 74 random bits before them keep batches apart; the version and variant bits stay those of
+-- a random UUID). A PostgreSQL built without OpenSSL, as the embedded one is, reads
+-- /dev/urandom for every gen_random_uuid(): 4 µs a call, a fifth of a 100-message send_many's
+-- server time, where this takes 0.5 µs. SQL without SET clauses, so that it is inlined.
+CREATE OR REPLACE FUNCTION nth_message_id(p_batch uuid, p_n bigint) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(overlay(uuid_send(p_batch)
+                          PLACING substr(int8send(
+                              (('x' || right(p_batch::text, 12))::bit(48)::bigint + p_n)
+                              & 281474976710655), 3)
+                          FROM 11 FOR 6), 'hex')::uuid
+$$;
+
 CREATE OR REPLACE FUNCTION advance_clock(p_by interval) RETURNS timestamp
 LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
     UPDATE clock SET offset_by = offset_by + p_by;

@@ -380,6 +380,7 @@ DECLARE
     -- Once, not per row: utc_now() is volatile, and a call per message cost a third of a
     -- 100-message batch.
     v_now timestamp := utc_now();
+    v_batch uuid := gen_random_uuid();
 BEGIN
     IF v_count = 0 THEN
         RETURN;
@@ -422,7 +423,8 @@ BEGIN
         SELECT t.conversation_handle, t.to_service_name, t.from_service_name,
                t.service_contract_name, t.enqueue_time, e.send_sequence + x.ord - 1,
                v_type.message_type_id, nullif(x.body, '\x'::bytea), t.priority,
-               t.transmission_status, gen_random_uuid(), t.next_attempt_at, t.attempts
+               t.transmission_status, nth_message_id(v_batch, x.ord), t.next_attempt_at,
+               t.attempts
           FROM (SELECT * FROM transmissions
                  WHERE conversation_handle = p_handle
                  ORDER BY message_sequence_number DESC LIMIT 1) t,
@@ -452,7 +454,8 @@ BEGIN
                                 enqueued_at)
     SELECT e.peer_queue, e.priority, e.peer_group, e.peer_handle,
            e.send_sequence + x.ord - 1, 2, e.peer_service, e.service_contract_id,
-           v_type.message_type_id, nullif(x.body, '\x'::bytea), gen_random_uuid(), v_now
+           v_type.message_type_id, nullif(x.body, '\x'::bytea), nth_message_id(v_batch, x.ord),
+           v_now
       FROM unnest(p_bodies[2:]) WITH ORDINALITY AS x(body, ord);
     UPDATE endpoints SET send_sequence = send_sequence + v_count - 1
      WHERE conversation_handle = p_handle;

@@ -369,6 +369,7 @@ DECLARE
     v_enabled boolean;
     v_expected text;
     v_now timestamp := utc_now();
+    v_batch uuid;
 BEGIN
     o_last := p_first - 1;
     o_peer_flag := false;
@@ -428,13 +429,15 @@ BEGIN
     END IF;
 
     o_peer_flag := note_arrival(e, p_from_broker, p_flags[p_first]);
+    v_batch := gen_random_uuid();
     INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
                                 message_sequence_number, precedence, service_id,
                                 service_contract_id, message_type_id, message_body, message_id,
                                 enqueued_at)
     SELECT v_queue, e.priority, e.conversation_group_id, e.conversation_handle,
            p_seqs[p_first] + x.ord - 1, 2, e.service_id, e.service_contract_id,
-           v_type.message_type_id, nullif(x.body, '\x'::bytea), gen_random_uuid(), v_now
+           v_type.message_type_id, nullif(x.body, '\x'::bytea), nth_message_id(v_batch, x.ord),
+           v_now
       FROM unnest(p_bodies[p_first:v_last]) WITH ORDINALITY AS x(body, ord);
     UPDATE endpoints SET inbound_sequence = p_seqs[v_last] + 1
      WHERE conversation_handle = e.conversation_handle;
