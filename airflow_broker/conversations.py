@@ -109,7 +109,8 @@ class ConversationStatements(StatementRunner):
         problems = [verdict(info, d) if info is not None and checked_as and d else None
                     for d in data]
         q = self.function("send_many", 5, ["uuid", "text", "bytea[]", "text", "text[]"])
-        self.run(q, [conversation_handle, message_type, data, checked_as, problems])
+        self.run(q, [conversation_handle, message_type, data, checked_as,
+                     problems if any(p is not None for p in problems) else None])
 
     def send_if_open(self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT",
                      body: Body = None) -> bool:

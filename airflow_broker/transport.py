@@ -239,7 +239,7 @@ class Transport:
                 sql.SQL(
                     "SELECT * FROM {}.accept_transmissions(%s, %s::uuid[], %s::boolean[],"
                     " %s::text[], %s::text[], %s::text[], %s::text[], %s::interval[],"
-                    " %s::boolean[], %s::bigint[], %s::text[], %s::bytea[], %s::text[],"
+                    " %s::boolean[], %s::bigint[], %s::text[], %b::bytea[], %s::text[],"
                     " %s::text[])").format(s),
                 [me, conversation_ids, sender_is_initiator, from_services, to_services,
                  to_instances, contracts, lifetimes, flags, seqs, types,
