@@ -1,8 +1,10 @@
 """Small helpers shared by the tests: snapshots of what the broker holds, to prove that a
-failed statement changed nothing."""
+failed statement changed nothing, and waiting for what another session does."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -45,3 +47,19 @@ def endpoint(broker: Broker, handle: Any) -> dict[str, Any] | None:
             return None
         assert cur.description is not None
         return {d.name: v for d, v in zip(cur.description, row, strict=True)}
+
+
+def wait_until(condition: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {what}")
+        time.sleep(0.02)
+
+
+def backend_waits_for_lock(broker: Broker, pid: int) -> bool:
+    with psycopg.connect(broker.dsn) as conn:
+        row = conn.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()
+    return row is not None and row[0] == "Lock"

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -18,7 +18,7 @@ from airflow_broker import Broker
 from airflow_broker.activation import ActivationManager
 from airflow_broker.worker import BrokerWorker
 from tests.conftest import App
-from tests.helpers import count
+from tests.helpers import count, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,13 +53,6 @@ def monitor(broker: Broker, queue: str = "q_t") -> tuple[object, ...]:
                            " activated_readers FROM broker.dm_broker_queue_monitors"
                            " WHERE queue_name = %s", [queue]).fetchone()
     return row or ("NO MONITOR", None, None, 0)
-
-
-def wait_until(condition: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting: {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture

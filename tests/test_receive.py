@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -15,7 +15,7 @@ import pytest
 
 from airflow_broker import Broker, BrokerError, Message, QueueDisabledError
 from tests.conftest import App
-from tests.helpers import count, snapshot
+from tests.helpers import backend_waits_for_lock, count, snapshot, wait_until
 
 
 @contextmanager
@@ -23,22 +23,6 @@ def open_transaction(broker: Broker) -> Iterator[Any]:
     """A transaction on its own connection that the test commits or rolls back itself."""
     with psycopg.connect(broker.dsn) as conn:
         yield conn, broker.session(conn)
-
-
-def wait_until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting: {what}")
-        time.sleep(0.02)
-
-
-def backend_waits_for_lock(broker: Broker, pid: int) -> bool:
-    with psycopg.connect(broker.dsn) as conn:
-        row = conn.execute(
-            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
-        ).fetchone()
-    return row is not None and row[0] == "Lock"
 
 
 def send(broker: Broker, handle: uuid.UUID, *bodies: str, message_type: str = "Req") -> None:
