@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from airflow_broker import DIALOG_TIMER, END_DIALOG, ERROR, Broker, BrokerError
 from airflow_broker.worker import BrokerWorker
 from tests.conftest import App
-from tests.helpers import count, endpoint, snapshot
+from tests.helpers import backend_waits_for_lock, count, endpoint, snapshot, wait_until
 
 MINUTE = dt.timedelta(minutes=1)
 
@@ -381,6 +382,27 @@ def test_T_MV_01_move_locks_both_groups(app: App) -> None:
         with app.broker.transaction() as tx:
             assert tx.get_conversation_group("q_i") is None  # both groups are held
         conn.commit()
+
+
+def test_T_MV_01_move_waits_for_a_message_on_its_way(app: App) -> None:
+    # The target replies on d2 and has not committed when d2 moves into d1's group: the reply
+    # must arrive in the new group. It used to keep the old group, which the move deleted, and
+    # no RECEIVE found it again.
+    d1, _ = open_dialog(app)
+    d2, _ = open_dialog(app)
+    g1 = endpoint(app.broker, d1)["conversation_group_id"]  # type: ignore[index]
+    with psycopg.connect(app.broker.dsn) as sender, ThreadPoolExecutor(1) as pool:
+        app.broker.session(sender).send(target_of(app.broker, d2), "Resp", "on its way")
+        with psycopg.connect(app.broker.dsn) as mover:
+            pid = mover.info.backend_pid
+            moving = pool.submit(app.broker.session(mover).move_conversation, d2, g1)
+            wait_until(lambda: backend_waits_for_lock(app.broker, pid), "MOVE waiting")
+            sender.commit()
+            moving.result(timeout=30)
+            mover.commit()
+    with app.broker.transaction() as tx:
+        arrived = tx.receive("q_i")
+    assert [(m.text(), m.conversation_group_id) for m in arrived] == [("on its way", g1)]
 
 
 def test_T_Q_04_disabled_queue_holds_messages_in_order(app: App) -> None:

@@ -40,6 +40,10 @@ BEGIN
     IF p_group = e.conversation_group_id THEN
         RETURN;
     END IF;
+    -- Waits for the transactions delivering to this endpoint (they hold it FOR KEY SHARE) and
+    -- holds off new ones until this one ends: their messages are moved with the rest, or take
+    -- the new group.
+    PERFORM 1 FROM endpoints WHERE conversation_handle = p_handle FOR UPDATE;
     -- A group id nobody uses yet becomes a new group of this service, as BEGIN DIALOG does.
     INSERT INTO dialog_groups (conversation_group_id, service_id)
     VALUES (p_group, e.service_id) ON CONFLICT (conversation_group_id) DO NOTHING;
