@@ -84,3 +84,30 @@ def test_receive_reads_what_it_takes_whatever_else_waits(app: App) -> None:
         read = _rows_fetched_by_index(tx.conn) - before
     assert [m.text() for m in taken] == ["taken"] * 5
     assert read < 100
+
+
+def _group_rows_fetched(conn: psycopg.Connection) -> int:
+    row = conn.execute(
+        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'broker' AND relname = 'dialog_groups'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_receive_passes_over_a_locked_group_without_trying_each_message(app: App) -> None:
+    # 2,000 messages of one conversation come first, and another reader holds their group: a
+    # RECEIVE tries that group's lock once, not once per message, before it takes the next.
+    crowd, other = app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send_many(crowd, "Req", [b"crowd"] * 2_000)
+        tx.send(other, "Req", b"other")
+    with psycopg.connect(app.broker.dsn) as holder:
+        held = app.broker.session(holder).receive("q_t", top=1)
+        assert [m.text() for m in held] == ["crowd"]
+        with app.broker.transaction() as tx:
+            before = _group_rows_fetched(tx.conn)
+            taken = tx.receive("q_t")
+            tried = _group_rows_fetched(tx.conn) - before
+        holder.rollback()
+    assert [m.text() for m in taken] == ["other"]
+    assert tried < 10
