@@ -96,7 +96,8 @@ def _group_rows_fetched(conn: psycopg.Connection) -> int:
 
 def test_receive_passes_over_a_locked_group_without_trying_each_message(app: App) -> None:
     # 2,000 messages of one conversation come first, and another reader holds their group: a
-    # RECEIVE tries that group's lock once, not once per message, before it takes the next.
+    # RECEIVE tries that group's lock a few times, not once per message, before it takes the
+    # next group.
     crowd, other = app.dialog(), app.dialog()
     with app.broker.transaction() as tx:
         tx.send_many(crowd, "Req", [b"crowd"] * 2_000)
@@ -110,4 +111,4 @@ def test_receive_passes_over_a_locked_group_without_trying_each_message(app: App
             tried = _group_rows_fetched(tx.conn) - before
         holder.rollback()
     assert [m.text() for m in taken] == ["other"]
-    assert tried < 10
+    assert tried < 50  # (2,001 when each message tried its group)
