@@ -103,17 +103,15 @@ BEGIN
         END IF;
     END IF;
     IF p_far_handle IS NOT NULL THEN
-        -- KEY SHARE holds off MOVE CONVERSATION of the peer (which locks it FOR UPDATE) until
-        -- this transaction ends, so the message cannot land in the group the peer has just
-        -- left; it conflicts with nothing else, so readers holding the peer do not block it.
+        -- The peer's group is read without a lock: MOVE CONVERSATION of the peer waits for
+        -- this transaction through the sender's endpoint, which every caller holds.
         SELECT e.conversation_handle, e.conversation_group_id, e.service_id, e.state,
                s.service_queue_id, q.is_enqueue_enabled
           INTO v_handle, v_group, v_service, v_state, v_queue, v_enabled
           FROM endpoints e
           JOIN service_defs s ON s.service_id = e.service_id
           JOIN queues q ON q.object_id = s.service_queue_id
-         WHERE e.conversation_handle = p_far_handle
-           FOR KEY SHARE OF e;
+         WHERE e.conversation_handle = p_far_handle;
         IF v_handle IS NULL OR v_state IN ('DO', 'CD') THEN
             -- The peer has ended or was removed WITH CLEANUP: the message is discarded.
             IF v_kind = 'error' THEN

@@ -40,10 +40,13 @@ BEGIN
     IF p_group = e.conversation_group_id THEN
         RETURN;
     END IF;
-    -- Waits for the transactions delivering to this endpoint (they hold it FOR KEY SHARE) and
-    -- holds off new ones until this one ends: their messages are moved with the rest, or take
-    -- the new group.
-    PERFORM 1 FROM endpoints WHERE conversation_handle = p_handle FOR UPDATE;
+    -- A message on its way here carries the group its sender read, and is only visible when
+    -- that sender commits. Every local delivery runs while its sender holds its own endpoint
+    -- (SEND, END CONVERSATION and the worker lock it first), so locking the peer, when it is
+    -- in this database, waits for those messages and holds off new ones until this
+    -- transaction ends: they are moved below, or read the new group. (A peer in another
+    -- broker delivers through accept_transmissions, which locks this endpoint itself.)
+    PERFORM 1 FROM endpoints WHERE conversation_handle = e.far_handle FOR NO KEY UPDATE;
     -- A group id nobody uses yet becomes a new group of this service, as BEGIN DIALOG does.
     INSERT INTO dialog_groups (conversation_group_id, service_id)
     VALUES (p_group, e.service_id) ON CONFLICT (conversation_group_id) DO NOTHING;
