@@ -55,11 +55,11 @@ def test_dialogs_read_growing_tables_by_index_after_an_analyze_of_empty_tables(
         assert dialog() == [{}, {}, {}]
 
 
-def _rows_fetched_by_index(conn: psycopg.Connection) -> int:
-    """Rows of queue_messages fetched through its indexes in the current transaction so far."""
+def _rows_fetched_by_index(conn: psycopg.Connection, table: str = "queue_messages") -> int:
+    """Rows of a broker table fetched through its indexes in the current transaction so far."""
     row = conn.execute(
         "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = 'broker' AND relname = 'queue_messages'").fetchone()
+        " WHERE schemaname = 'broker' AND relname = %s", [table]).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -86,14 +86,6 @@ def test_receive_reads_what_it_takes_whatever_else_waits(app: App) -> None:
     assert read < 100
 
 
-def _group_rows_fetched(conn: psycopg.Connection) -> int:
-    row = conn.execute(
-        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = 'broker' AND relname = 'dialog_groups'").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def test_receive_passes_over_a_locked_group_without_trying_each_message(app: App) -> None:
     # 2,000 messages of one conversation come first, and another reader holds their group: a
     # RECEIVE tries that group's lock a few times, not once per message, before it takes the
@@ -106,9 +98,9 @@ def test_receive_passes_over_a_locked_group_without_trying_each_message(app: App
         held = app.broker.session(holder).receive("q_t", top=1)
         assert [m.text() for m in held] == ["crowd"]
         with app.broker.transaction() as tx:
-            before = _group_rows_fetched(tx.conn)
+            before = _rows_fetched_by_index(tx.conn, "dialog_groups")
             taken = tx.receive("q_t")
-            tried = _group_rows_fetched(tx.conn) - before
+            tried = _rows_fetched_by_index(tx.conn, "dialog_groups") - before
         holder.rollback()
     assert [m.text() for m in taken] == ["other"]
     assert tried < 50  # (2,001 when each message tried its group)
