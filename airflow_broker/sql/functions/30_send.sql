@@ -382,7 +382,7 @@ DECLARE
     -- Once, not per row: utc_now() is volatile, and a call per message cost a third of a
     -- 100-message batch.
     v_now timestamp := utc_now();
-    v_batch uuid := gen_random_uuid();
+    v_batch uuid;
 BEGIN
     IF v_count = 0 THEN
         RETURN;
@@ -392,6 +392,7 @@ BEGIN
     IF v_count = 1 THEN
         RETURN;
     END IF;
+    v_batch := gen_random_uuid();
     SELECT * INTO v_type FROM message_types WHERE name = p_message_type;
     SELECT ce.send_sequence, ce.priority, ce.service_contract_id, ce.state, ce.is_remote,
            p.conversation_handle AS peer_handle, p.conversation_group_id AS peer_group,
