@@ -48,7 +48,7 @@ BEGIN
     END IF;
     -- Otherwise a group found locked is passed over by a filter on the next search, not by
     -- trying its lock again on each of its messages: behind 200,000 messages of a conversation
-    -- another reader held, a RECEIVE took 200 ms that way and takes 28-50 ms this way. (It
+    -- another reader held, a RECEIVE took 200 ms that way and takes 30-60 ms this way. (It
     -- still reads past the held messages: ready messages are kept in arrival order.)
     LOOP
         SELECT m.conversation_group_id INTO v_group
