@@ -120,13 +120,14 @@ def test_receive_reads_a_long_conversation_from_its_head_after_an_analyze_while_
         app: App) -> None:
     # A queue that was emptied and analyzed (no rows, no pages left) made the cached plan read
     # the whole group through a bitmap and sort it, on every RECEIVE of a conversation that
-    # then grew long: 30-50 ms for TOP(100) behind 100,000 messages.
+    # then grew long: 30-50 ms for TOP(100) behind 100,000 messages. One message empties it: a
+    # VACUUM whose horizon a concurrent snapshot (an autovacuum's ANALYZE) holds back leaves its
+    # dead index entries in RECEIVE's way, which must stay far below the bound.
     handle = app.dialog()
     with app.broker.transaction() as tx:
         tx.send(handle, "Req", b"first")
-        tx.send_many(app.dialog(), "Req", [b"earlier"] * 5_000)
     with app.broker.transaction() as tx:
-        assert len(tx.receive("q_t")) + len(tx.receive("q_t")) == 5_001
+        assert len(tx.receive("q_t")) == 1
     with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE broker.queue_messages, broker.dialog_groups")
     with Broker(app.broker.dsn, max_connections=1) as broker:
@@ -138,5 +139,4 @@ def test_receive_reads_a_long_conversation_from_its_head_after_an_analyze_while_
             taken = tx.receive("q_t", top=10)
             read = _index_entries_read(tx.conn) - before
     assert [m.text() for m in taken] == ["long"] * 10
-    print("READ", read)
     assert read < 200  # (50,011 when the group was read through a bitmap)
