@@ -140,3 +140,28 @@ def test_receive_reads_a_long_conversation_from_its_head_after_an_analyze_while_
             read = _index_entries_read(tx.conn) - before
     assert [m.text() for m in taken] == ["long"] * 10
     assert read < 200  # (50,011 when the group was read through a bitmap)
+
+
+def test_peek_passes_over_a_locked_group_without_trying_each_message(app: App) -> None:
+    # The Airflow trigger's peek, on every poll, behind a group another reader holds: it tries
+    # the held group's lock a few times (2,001 when it tried it once per message) and still
+    # returns the free groups' messages in RECEIVE order.
+    crowd, first, second = app.dialog(), app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send_many(crowd, "Req", [b"crowd"] * 2_000)
+        tx.send(first, "Req", b"first")
+        tx.send(second, "Req", b"second")
+    peek = "SELECT message_body FROM broker.airflow_peek('q_t', %s)"
+    with psycopg.connect(app.broker.dsn) as holder:
+        held = app.broker.session(holder).receive("q_t", top=1)
+        assert [m.text() for m in held] == ["crowd"]
+        with app.broker.transaction() as tx:
+            before = _rows_fetched_by_index(tx.conn, "dialog_groups")
+            peeked = tx.conn.execute(peek, [2]).fetchall()
+            tried = _rows_fetched_by_index(tx.conn, "dialog_groups") - before
+            assert tx.conn.execute(peek, [0]).fetchall() == []
+        holder.rollback()
+    assert [bytes(body) for (body,) in peeked] == [b"first", b"second"]
+    assert tried < 50
+    with app.broker.transaction() as tx:
+        assert [bytes(body) for (body,) in tx.conn.execute(peek, [1])] == [b"crowd"]

@@ -19,19 +19,29 @@ END
 $$;
 
 -- Up to p_limit ready messages that a RECEIVE could take now, without taking them: messages of
--- groups that a reader holds are left out, as RECEIVE would skip them. The group rows are
--- probed with FOR SHARE SKIP LOCKED inside a subtransaction that is rolled back, so the probe
--- leaves no lock behind even when the caller is inside a transaction.
+-- groups that a reader holds are left out, as RECEIVE would skip them. The groups are probed
+-- with FOR SHARE SKIP LOCKED inside a subtransaction that is rolled back, so the probe leaves
+-- no lock behind even when the caller is inside a transaction. Like lock_next_group, the probe
+-- takes the groups of a window of messages at once, and a held group is then passed over by a
+-- filter: probing per message tried a held group's lock once for each of its messages, on every
+-- poll of a trigger.
 CREATE OR REPLACE FUNCTION airflow_peek(
     p_queue text,
     p_limit integer DEFAULT 1,
     p_conversation_handle uuid DEFAULT NULL,
     p_conversation_group_id uuid DEFAULT NULL,
     p_message_types text[] DEFAULT NULL)
-RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan SET enable_bitmapscan = off SET enable_sort = off AS $$
 DECLARE
     q queues := find_queue(p_queue);
+    v_window bigint := p_limit::bigint + 16;
     v_rows received_message[];
+    v_groups uuid[];
+    v_free uuid[];
+    v_locked uuid[] := '{}';
+    v_msg received_message;
+    v_returned integer := 0;
 BEGIN
     IF q.object_id IS NULL THEN
         PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
@@ -40,8 +50,12 @@ BEGIN
         PERFORM raise_error(50106, coalesce(p_limit::text, 'NULL'), 'LIMIT',
                             'a number of rows of 0 or more');
     END IF;
-    BEGIN
-        SELECT array_agg(x.msg ORDER BY x.priority DESC, x.queuing_order) INTO v_rows
+    IF p_limit = 0 THEN
+        RETURN;
+    END IF;
+    LOOP
+        SELECT coalesce(array_agg(x.msg ORDER BY x.priority DESC, x.queuing_order), '{}')
+          INTO v_rows
           FROM (SELECT ROW(1::smallint, m.priority, m.queuing_order, m.conversation_group_id,
                            m.conversation_handle, m.message_sequence_number, s.name,
                            m.service_id, c.name, m.service_contract_id, mt.name,
@@ -58,20 +72,38 @@ BEGIN
                   JOIN message_types mt ON mt.message_type_id = m.message_type_id
                   LEFT JOIN message_attempts a ON a.message_id = m.message_id
                  WHERE m.queue_id = q.object_id AND m.status = 1
+                   AND m.conversation_group_id <> ALL (v_locked)
                    AND (p_conversation_handle IS NULL
                         OR m.conversation_handle = p_conversation_handle)
                    AND (p_conversation_group_id IS NULL
                         OR m.conversation_group_id = p_conversation_group_id)
                    AND (p_message_types IS NULL OR mt.name = ANY (p_message_types))
                  ORDER BY m.priority DESC, m.queuing_order
-                 LIMIT p_limit
-                   FOR SHARE OF g SKIP LOCKED) x;
-        -- Rolls the subtransaction back: the share locks go, the variable keeps the rows.
-        RAISE SQLSTATE 'SB901';
-    EXCEPTION WHEN SQLSTATE 'SB901' THEN
-        NULL;
-    END;
-    RETURN QUERY SELECT * FROM unnest(v_rows);
+                 LIMIT v_window) x;
+        v_groups := ARRAY(SELECT DISTINCT r.conversation_group_id FROM unnest(v_rows) r);
+        BEGIN
+            v_free := ARRAY(SELECT g.conversation_group_id FROM dialog_groups g
+                             WHERE g.conversation_group_id = ANY (v_groups)
+                               FOR SHARE SKIP LOCKED);
+            -- Rolls the subtransaction back: the share locks go, the variable keeps the ids.
+            RAISE SQLSTATE 'SB901';
+        EXCEPTION WHEN SQLSTATE 'SB901' THEN
+            NULL;
+        END;
+        -- Done when no group was held, when the window reached the end of what is waiting, or
+        -- when the free groups' messages in it fill the limit (they come first in order).
+        EXIT WHEN cardinality(v_free) = cardinality(v_groups)
+               OR cardinality(v_rows) < v_window
+               OR (SELECT count(*) FROM unnest(v_rows) r
+                    WHERE r.conversation_group_id = ANY (v_free)) >= p_limit;
+        v_locked := v_locked || ARRAY(SELECT unnest(v_groups) EXCEPT SELECT unnest(v_free));
+    END LOOP;
+    FOREACH v_msg IN ARRAY v_rows LOOP
+        CONTINUE WHEN v_msg.conversation_group_id <> ALL (v_free);
+        RETURN NEXT v_msg;
+        v_returned := v_returned + 1;
+        EXIT WHEN v_returned = p_limit;
+    END LOOP;
 END
 $$;
 
