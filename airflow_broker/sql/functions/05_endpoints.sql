@@ -86,9 +86,11 @@ DECLARE
     v_attempts integer;
 BEGIN
     -- A conversation backs off as one: a new message waits for the next attempt of the ones
-    -- ahead of it. An empty status (not attempted yet) is due at once.
-    SELECT max(next_attempt_at), max(attempts) INTO v_next, v_attempts
-      FROM transmissions WHERE conversation_handle = p_handle;
+    -- ahead of it, which all share it, so the last one tells (the maximum read the whole
+    -- backlog on every SEND). An empty status (not attempted yet) is due at once.
+    SELECT next_attempt_at, attempts INTO v_next, v_attempts
+      FROM transmissions WHERE conversation_handle = p_handle
+     ORDER BY message_sequence_number DESC LIMIT 1;
     INSERT INTO transmissions (conversation_handle, to_service_name, from_service_name,
                                service_contract_name, enqueue_time, message_sequence_number,
                                message_type_id, message_body, is_conversation_error,
