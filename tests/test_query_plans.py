@@ -1,14 +1,18 @@
-"""The broker's statements keep index plans when their session first planned them against
-nearly empty tables: a new broker, or one analyzed while it was idle and empty. PostgreSQL
-caches a session's generic plans (its foreign-key checks' plans too) until the next ANALYZE,
-and sequential scans chosen for a table of one page then read the whole table on every call
-as it grows."""
+"""The broker's statements read about what they return, whatever else waits and whatever
+statistics their session planned with.
+
+PostgreSQL caches a session's generic plans (its foreign-key checks' plans too) until the next
+ANALYZE: sequential scans chosen for a table of one page, or a bitmap and a sort chosen for a
+queue analyzed while empty, then read the whole table or backlog on every call as it grows.
+And a statement that groups, or tries a lock on, every row ahead of what it takes costs as much
+as the backlog, on every call."""
 
 from __future__ import annotations
 
 import psycopg
 
 from airflow_broker import END_DIALOG, Broker
+from tests.brokers import Pair
 from tests.conftest import App
 
 GROWING = ("endpoints", "dialog_groups", "queue_messages")
@@ -55,10 +59,11 @@ def test_dialogs_read_growing_tables_by_index_after_an_analyze_of_empty_tables(
         assert dialog() == [{}, {}, {}]
 
 
-def _rows_fetched_by_index(conn: psycopg.Connection, table: str = "queue_messages") -> int:
-    """Rows of a broker table fetched through its indexes in the current transaction so far."""
+def _rows_read(conn: psycopg.Connection, table: str = "queue_messages") -> int:
+    """Rows of a broker table read in the current transaction so far, by sequential scans and
+    through its indexes (a parallel scan's workers count apart: a lower bound then)."""
     row = conn.execute(
-        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
+        "SELECT seq_tup_read + idx_tup_fetch FROM pg_stat_xact_user_tables"
         " WHERE schemaname = 'broker' AND relname = %s", [table]).fetchone()
     assert row is not None
     return int(row[0])
@@ -79,9 +84,9 @@ def test_receive_reads_what_it_takes_whatever_else_waits(app: App) -> None:
                               " WHERE far_handle = %s", [few]).fetchone()
     assert target is not None
     with app.broker.transaction() as tx:
-        before = _rows_fetched_by_index(tx.conn)
+        before = _rows_read(tx.conn)
         taken = tx.receive("q_t", conversation_handle=target[0])
-        read = _rows_fetched_by_index(tx.conn) - before
+        read = _rows_read(tx.conn) - before
     assert [m.text() for m in taken] == ["taken"] * 5
     assert read < 100
 
@@ -98,9 +103,9 @@ def test_receive_passes_over_a_locked_group_without_trying_each_message(app: App
         held = app.broker.session(holder).receive("q_t", top=1)
         assert [m.text() for m in held] == ["crowd"]
         with app.broker.transaction() as tx:
-            before = _rows_fetched_by_index(tx.conn, "dialog_groups")
+            before = _rows_read(tx.conn, "dialog_groups")
             taken = tx.receive("q_t")
-            tried = _rows_fetched_by_index(tx.conn, "dialog_groups") - before
+            tried = _rows_read(tx.conn, "dialog_groups") - before
         holder.rollback()
     assert [m.text() for m in taken] == ["other"]
     assert tried < 50  # (2,001 when each message tried its group)
@@ -156,12 +161,60 @@ def test_peek_passes_over_a_locked_group_without_trying_each_message(app: App) -
         held = app.broker.session(holder).receive("q_t", top=1)
         assert [m.text() for m in held] == ["crowd"]
         with app.broker.transaction() as tx:
-            before = _rows_fetched_by_index(tx.conn, "dialog_groups")
+            before = _rows_read(tx.conn, "dialog_groups")
             peeked = tx.conn.execute(peek, [2]).fetchall()
-            tried = _rows_fetched_by_index(tx.conn, "dialog_groups") - before
+            tried = _rows_read(tx.conn, "dialog_groups") - before
             assert tx.conn.execute(peek, [0]).fetchall() == []
         holder.rollback()
     assert [bytes(body) for (body,) in peeked] == [b"first", b"second"]
     assert tried < 50
     with app.broker.transaction() as tx:
         assert [bytes(body) for (body,) in tx.conn.execute(peek, [1])] == [b"crowd"]
+
+
+def test_send_to_another_broker_reads_one_row_of_its_conversations_backlog(pair: Pair) -> None:
+    # 20,000 messages of the conversation wait for the transport: a SEND behind them reads the
+    # last one for the conversation's schedule (the maximum over the backlog took 60 ms behind
+    # 200,000).
+    pair.routes()
+    handle = pair.dialog()
+    with pair.a.transaction() as tx:
+        for _ in range(20):
+            tx.send_many(handle, "Req", [b"waiting"] * 1_000)
+    with pair.a.transaction() as tx:
+        before = _rows_read(tx.conn, "transmissions")
+        tx.send(handle, "Req", b"one more")
+        read = _rows_read(tx.conn, "transmissions") - before
+    assert read < 50
+
+
+def test_transport_step_reads_about_what_it_sends(pair: Pair) -> None:
+    # One conversation's 20,000 messages come first, then 50 conversations of one message: a
+    # step of 100 takes them from the first conversation, in order, without grouping the whole
+    # transmission queue (80 ms a step behind 200,000). A step with room left goes on to the
+    # next conversations in the order their messages became due.
+    pair.routes()
+    crowd = pair.dialog()
+    with pair.a.transaction() as tx:
+        for _ in range(20):
+            tx.send_many(crowd, "Req", [b"crowd"] * 1_000)
+    others = [pair.dialog() for _ in range(50)]
+    with pair.a.transaction() as tx:
+        for other in others:
+            tx.send(other, "Req", b"other")
+    with psycopg.connect(pair.a.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.transmissions")
+    step = ("SELECT conversation_handle, message_sequence_number"
+            " FROM broker.outbound_transmissions(%s)")
+    with psycopg.connect(pair.a.dsn) as conn:
+        before = _rows_read(conn, "transmissions")
+        batch = conn.execute(step, [100]).fetchall()
+        read = _rows_read(conn, "transmissions") - before
+        assert batch == [(crowd, n) for n in range(100)]
+        assert read < 500
+        conn.rollback()
+        conn.execute("DELETE FROM broker.transmissions WHERE conversation_handle = %s",
+                     [crowd])
+        batch = conn.execute(step, [10]).fetchall()
+        assert batch == [(other, 0) for other in others[:10]]
+        conn.rollback()

@@ -33,42 +33,52 @@ RETURNS TABLE (transmission_id bigint, conversation_handle uuid, address text,
                message_sequence_number bigint, message_type_name text, message_body bytea)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    c record;
     e record;
     v_now timestamp := utc_now();
     v_enabled boolean := (SELECT is_broker_enabled FROM broker_identity);
     v_address text;
     v_taken bigint := 0;
     v_rows bigint;
+    v_handle uuid;
+    v_due timestamp := '-infinity';
+    v_id bigint := 0;
+    v_seen uuid[] := '{}';
 BEGIN
-    FOR c IN
-        SELECT t.conversation_handle AS handle
-          FROM transmissions t
-          JOIN endpoints ce ON ce.conversation_handle = t.conversation_handle AND ce.is_remote
-         WHERE t.next_attempt_at <= v_now
-         GROUP BY t.conversation_handle
-         ORDER BY min(t.transmission_id)
-         LIMIT p_limit
+    -- Conversations in the order their first due message became due, each found by resuming
+    -- the walk after the previous one's: a conversation that fills the batch ends the step
+    -- without reading the rest of the queue. (Messages of conversations already taken are
+    -- passed over by the filter, which reads them only when a step goes on past them.)
     LOOP
         EXIT WHEN v_taken >= p_limit;
+        SELECT t.conversation_handle, t.next_attempt_at, t.transmission_id
+          INTO v_handle, v_due, v_id
+          FROM transmissions t
+          JOIN endpoints ce ON ce.conversation_handle = t.conversation_handle AND ce.is_remote
+         WHERE (t.next_attempt_at, t.transmission_id) > (v_due, v_id)
+           AND t.next_attempt_at <= v_now
+           AND t.conversation_handle <> ALL (v_seen)
+         ORDER BY t.next_attempt_at, t.transmission_id
+         LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        v_seen := v_seen || v_handle;
         -- One transport per conversation at a time (the lock ends with the caller's
         -- transaction); the application's SENDs on it are not blocked.
         CONTINUE WHEN NOT pg_try_advisory_xact_lock(
-            hashtextextended(current_schema() || ':transmit:' || c.handle::text, 0));
+            hashtextextended(current_schema() || ':transmit:' || v_handle::text, 0));
         SELECT ce.*, s.name AS service_name, k.name AS contract_name INTO e
           FROM endpoints ce
           JOIN service_defs s ON s.service_id = ce.service_id
           JOIN contracts k ON k.service_contract_id = ce.service_contract_id
-         WHERE ce.conversation_handle = c.handle;
+         WHERE ce.conversation_handle = v_handle;
         IF NOT v_enabled THEN
-            PERFORM hold_transmissions(c.handle,
+            PERFORM hold_transmissions(v_handle,
                                        'The broker is disabled in the sender''s database.');
             CONTINUE;
         END IF;
         v_address := route_address(e.far_service,
                                    coalesce(e.far_broker_instance, e.to_broker_instance));
         IF v_address IS NULL OR v_address = 'LOCAL' THEN
-            PERFORM hold_transmissions(c.handle, no_route_status(e.far_service));
+            PERFORM hold_transmissions(v_handle, no_route_status(e.far_service));
             CONTINUE;
         END IF;
         RETURN QUERY
@@ -79,7 +89,7 @@ BEGIN
                    mt.name, t.message_body
               FROM transmissions t
               JOIN message_types mt ON mt.message_type_id = t.message_type_id
-             WHERE t.conversation_handle = c.handle
+             WHERE t.conversation_handle = v_handle
              ORDER BY t.message_sequence_number
              LIMIT p_limit - v_taken;
         GET DIAGNOSTICS v_rows = ROW_COUNT;
