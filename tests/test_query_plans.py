@@ -9,6 +9,8 @@ as the backlog, on every call."""
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 
 from airflow_broker import END_DIALOG, Broker
@@ -172,15 +174,21 @@ def test_peek_passes_over_a_locked_group_without_trying_each_message(app: App) -
         assert [bytes(body) for (body,) in tx.conn.execute(peek, [1])] == [b"crowd"]
 
 
-def test_send_to_another_broker_reads_one_row_of_its_conversations_backlog(pair: Pair) -> None:
-    # 20,000 messages of the conversation wait for the transport: a SEND behind them reads the
-    # last one for the conversation's schedule (the maximum over the backlog took 60 ms behind
-    # 200,000).
+def _backlog_for_another_broker(pair: Pair) -> uuid.UUID:
+    """A dialog to the other broker with 20,000 messages waiting for the transport."""
     pair.routes()
     handle = pair.dialog()
     with pair.a.transaction() as tx:
         for _ in range(20):
             tx.send_many(handle, "Req", [b"waiting"] * 1_000)
+    return handle
+
+
+def test_send_to_another_broker_reads_one_row_of_its_conversations_backlog(pair: Pair) -> None:
+    # 20,000 messages of the conversation wait for the transport: a SEND behind them reads the
+    # last one for the conversation's schedule (the maximum over the backlog took 60 ms behind
+    # 200,000).
+    handle = _backlog_for_another_broker(pair)
     with pair.a.transaction() as tx:
         before = _rows_read(tx.conn, "transmissions")
         tx.send(handle, "Req", b"one more")
@@ -193,11 +201,7 @@ def test_transport_step_reads_about_what_it_sends(pair: Pair) -> None:
     # step of 100 takes them from the first conversation, in order, without grouping the whole
     # transmission queue (80 ms a step behind 200,000). A step with room left goes on to the
     # next conversations in the order their messages became due.
-    pair.routes()
-    crowd = pair.dialog()
-    with pair.a.transaction() as tx:
-        for _ in range(20):
-            tx.send_many(crowd, "Req", [b"crowd"] * 1_000)
+    crowd = _backlog_for_another_broker(pair)
     others = [pair.dialog() for _ in range(50)]
     with pair.a.transaction() as tx:
         for other in others:
