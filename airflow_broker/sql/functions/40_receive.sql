@@ -83,7 +83,8 @@ $$;
 --   messages.
 -- * The taken rows are named by an array of keys: a generic plan estimates LIMIT $n at a tenth
 --   of the rows, and joined to the picked rows, a table of 200,000 messages in another queue
---   had every RECEIVE hash-join the whole primary key (32 ms for a RECEIVE TOP(100), 3.5 ms after).
+--   had every RECEIVE hash-join the whole primary key (32 ms for a RECEIVE TOP(100), 3.5 ms
+--   after).
 CREATE OR REPLACE FUNCTION take_messages(p_queue queues, p_group uuid, p_handle uuid,
                                          p_limit bigint)
 RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT
