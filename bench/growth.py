@@ -78,6 +78,8 @@ def cost_growth(env: Env) -> Scenario:
         for number in range(rounds):
             order = contenders if number % 2 == 0 else contenders[::-1]
             for kind, side, op, params in order:
+                # The rounds at one size follow each other without a settle.
+                env.await_autovacuum()
                 measured = env.measure(op, 1, params, seconds=seconds, max_ops=budget,
                                        warmup_ops=5, record_latencies=True)
                 value = median(measured.latencies)

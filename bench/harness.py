@@ -37,6 +37,8 @@ PGMQ_QUEUES = ("bench_send", "bench_recv1", "bench_recv100", "bench_wait", "benc
 DRAIN_MARKS = "bench.drain_marks"
 # Load processes: h runs a producer and two readers at once.
 POOL_SIZE = 3
+# How long a measurement waits for an autovacuum worker in the database to finish.
+AUTOVACUUM_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -98,14 +100,38 @@ class Env:
             yield conn
 
     def settle(self, tables: Sequence[str]) -> None:
-        """Leaves no dead rows or stale statistics from the previous measurement to either side."""
+        """Leaves no dead rows or stale statistics from the previous measurement to either side,
+        and no autovacuum running in the database when the next one starts."""
         for name in tables:
             schema, table = name.split(".")
             self.admin.execute(
                 sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(schema, table))
             )
+        self.await_autovacuum()
         if self.options.checkpoint:
             self.admin.execute("CHECKPOINT")
+
+    def await_autovacuum(self) -> None:
+        # Autovacuum of an earlier scenario's table once ran for 10 s into g's measurements at
+        # 100,000 messages; whichever side it lands on pays for it.
+        deadline = time.monotonic() + AUTOVACUUM_WAIT
+        waited = False
+        while True:
+            row = self.admin.execute(
+                "SELECT string_agg(pid::text, ', ') FROM pg_stat_activity"
+                " WHERE backend_type = 'autovacuum worker' AND datname = current_database()"
+            ).fetchone()
+            running = row[0] if row else None
+            if running is None:
+                return
+            if time.monotonic() > deadline:
+                self.progress(f"autovacuum (pid {running}) still running after "
+                              f"{AUTOVACUUM_WAIT:.0f} s; measuring anyway")
+                return
+            if not waited:
+                self.progress(f"waiting for autovacuum (pid {running}) to finish")
+                waited = True
+            time.sleep(0.2)
 
     def measure(
         self,
