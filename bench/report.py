@@ -52,6 +52,15 @@ class Row:
         return self.ours / self.peer
 
     @property
+    def round_ratios(self) -> list[float]:
+        """Ours over peer round by round (each round measures both sides, one after the other);
+        empty when the rounds do not pair up."""
+        if len(self.peer_rounds) != len(self.ours_rounds):
+            return []
+        return [ours / peer for peer, ours in zip(self.peer_rounds, self.ours_rounds, strict=True)
+                if peer]
+
+    @property
     def verdict(self) -> str:
         return self.target.verdict(self.ours, self.ratio) if self.target else ""
 
@@ -64,6 +73,7 @@ class Row:
             "peer": self.peer,
             "ours": self.ours,
             "ours_over_peer": self.ratio,
+            "ours_over_peer_rounds": self.round_ratios,
             "target": None if self.target is None else {
                 "kind": self.target.kind, "value": self.target.value, "text": self.target.text,
             },
@@ -118,31 +128,44 @@ def _number(value: float | None) -> str:
     return f"{value:.2f}"
 
 
-def _ratio(row: Row) -> str:
-    ratio = row.ratio
-    if ratio is None:
-        return "-"
+def _as_ratio(row: Row, ratio: float) -> str:
     return f"{ratio:.0%}" if row.peer_label.startswith("bare") else f"{ratio:.2f}x"
+
+
+def _ratio(row: Row) -> str:
+    return "-" if row.ratio is None else _as_ratio(row, row.ratio)
+
+
+def _round_range(row: Row) -> str:
+    """The lowest and highest ratio of a round: where a target falls inside, the verdict is the
+    machine's as much as the code's."""
+    ratios = row.round_ratios
+    if len(ratios) < 2:
+        return ""
+    low, high = _as_ratio(row, min(ratios)), _as_ratio(row, max(ratios))
+    return f"{low.rstrip('x%')}-{high}"
 
 
 def table(scenarios: Sequence[Scenario]) -> str:
     """A plain-text table (also valid Markdown)."""
-    header = ["", "Measurement", "vs peer", "Unit", "Peer", "Ours", "Ours/peer", "Target", ""]
+    header = ["", "Measurement", "vs peer", "Unit", "Peer", "Ours", "Ours/peer", "Per round",
+              "Target", ""]
     lines = [header]
     for scenario in scenarios:
         if scenario.status != "measured":
-            lines.append([scenario.id, scenario.title, "-", "-", "-", "-", "-", "-",
+            lines.append([scenario.id, scenario.title, "-", "-", "-", "-", "-", "", "-",
                           scenario.status])
             continue
         for row in scenario.rows:
             unit = row.unit + ("" if row.higher_is_better else " (lower=better)")
             lines.append([
                 scenario.id, row.name, row.peer_label, unit, _number(row.peer),
-                _number(row.ours), _ratio(row), row.target.text if row.target else "",
+                _number(row.ours), _ratio(row), _round_range(row),
+                row.target.text if row.target else "",
                 row.verdict,
             ])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    right = {4, 5, 6}
+    right = {4, 5, 6, 7}
 
     def render(line: list[str]) -> str:
         cells = [c.rjust(w) if i in right else c.ljust(w)
