@@ -2,9 +2,9 @@
 
 Each pass fires due conversation timers, expires lifetimes, delivers what waits in the
 transmission queue (to this broker, and through the transport to brokers in other databases),
-reclaims closed endpoints, resolves receiving transactions for
-poison-message detection, handles replies on event notification dialogs, and runs the queue
-monitors that start activated readers, each step in short transactions of its own
+reclaims closed endpoints, purges Airflow inbox rows consumed a week ago, resolves receiving
+transactions for poison-message detection, handles replies on event notification dialogs, and
+runs the queue monitors that start activated readers, each step in short transactions of its own
 (``run_once``). Several workers may run at once: every step takes its rows with SKIP LOCKED and
 is atomic, so a worker killed half-way leaves nothing half done. ``run`` repeats passes until
 SIGTERM or SIGINT, and reconnects when PostgreSQL restarts; meanwhile a transport thread
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 # Steps that take a batch size and return how many rows they handled.
 STEPS = ("fire_timers", "expire_lifetimes", "retry_transmissions", "reclaim_endpoints",
-         "process_notification_replies")
+         "process_notification_replies", "purge_consumed_inbox")
 
 
 @dataclass
@@ -43,6 +43,7 @@ class PassResult:
     messages_delivered: int = 0
     endpoints_reclaimed: int = 0
     notification_replies: int = 0
+    inbox_rows_purged: int = 0
     messages_transmitted: int = 0
     queues_disabled: int = 0
     readers_started: int = 0
@@ -97,10 +98,12 @@ class BrokerWorker:
 
     def run_once(self, *, transmit: bool = True) -> PassResult:
         """One pass of every step; returns what it did."""
-        fired, expired, delivered, reclaimed, replies = (self._step(step) for step in STEPS)
+        fired, expired, delivered, reclaimed, replies, purged = (
+            self._step(step) for step in STEPS)
         return PassResult(
             timers_fired=fired, lifetimes_expired=expired, messages_delivered=delivered,
             endpoints_reclaimed=reclaimed, notification_replies=replies,
+            inbox_rows_purged=purged,
             messages_transmitted=self._transmit() if transmit else 0,
             queues_disabled=self._resolve_receives(),
             readers_started=self.activation.step() if self.activation is not None else 0,

@@ -377,32 +377,38 @@ class BrokerHook(BaseHook):
 
     @contextmanager
     def consume(self, items: Iterable[Any]) -> Iterator[tuple[Transaction, list[Message]]]:
-        """Processes inbox messages exactly once: in one transaction, removes them from the
+        """Processes inbox messages exactly once: in one transaction, marks them consumed in the
         inbox and hands them to the block with the transaction, so replies you SEND, the
         conversations you END and your own tables commit together with their removal. A
-        message that an earlier, committed try already consumed is left out.
+        message that an earlier, committed transaction consumed is left out (a second asset
+        event for it, a retried task). A message that is not in the inbox at all raises
+        BrokerError 50120 before the block runs, and nothing is consumed.
 
         >>> with hook.consume(triggering_asset_events[asset]) as (tx, messages):
         ...     for message in messages:
         ...         tx.send(message.conversation_handle, "Ack", "<ok/>")
         """
-        payloads = [p for p in _payloads(items)
-                    if p.get("inbox_id") is not None and p.get("consumer")]
-        delete = sql.SQL(
-            "DELETE FROM {}.airflow_inbox WHERE consumer = %s AND inbox_id = %s"
-            " RETURNING inbox_id").format(sql.Identifier(self.schema))
-        notify = sql.SQL("SELECT pg_notify(%s, %s)")
+        payloads: dict[tuple[str, int], Mapping[str, Any]] = {}
+        for payload in _payloads(items):
+            if payload.get("inbox_id") is not None and payload.get("consumer"):
+                payloads.setdefault((str(payload["consumer"]), int(payload["inbox_id"])),
+                                    payload)
+        query = sql.SQL("SELECT * FROM {}(%s::text[], %s::bigint[])").format(
+            self._call("airflow_consume"))
         with self.transaction() as tx:
-            messages: list[Message] = []
-            consumers: set[str] = set()
-            for payload in payloads:
-                consumer = str(payload["consumer"])
-                if tx.conn.execute(delete, [consumer, int(payload["inbox_id"])]).fetchone():
-                    messages.append(message_from_dict(payload))
-                    consumers.add(consumer)
-            for consumer in sorted(consumers):
-                tx.conn.execute(notify, [f"{self.schema}_airflow_inbox", consumer[:7000]])
-            yield tx, messages
+            consumed: set[int] = set()
+            if payloads:
+                keys = sorted(payloads, key=lambda key: key[1])
+                rows = tx.run(query, [[consumer for consumer, _ in keys],
+                                      [inbox_id for _, inbox_id in keys]])
+                consumed = {int(row[0]) for row in rows}
+            skipped = len(payloads) - len(consumed)
+            if skipped:
+                self.log.info("%d message(s) were consumed by an earlier transaction and are "
+                              "left out", skipped)
+            yield tx, [message_from_dict(payload) for (_, inbox_id), payload
+                       in sorted(payloads.items(), key=lambda item: item[0][1])
+                       if inbox_id in consumed]
 
 
 def messages_from_events(items: Iterable[Any]) -> list[Message]:

@@ -325,13 +325,16 @@ class BrokerStreamProducer(SharedStreamProducer):
     """The broker side of a message stream in Airflow's shared-stream ack mode.
 
     A message is received into ``airflow_inbox`` (RECEIVE and INSERT in one transaction) and
-    handed out; ``advance`` removes it only once Airflow has stored the asset event made from
-    it. A failed event is handed out again; a rejected one stays in the inbox as ``rejected``
-    (a dead letter). Rows claimed by a producer whose session is gone (the triggerer died) are
-    handed out again by the next producer: delivery is at least once.
+    handed out; once Airflow has stored the asset event made from it, ``advance`` marks it
+    ``delivered``. It stays in the inbox until a DAG run consumes it (``BrokerHook.consume``,
+    which removes it in the run's own transaction) or acknowledges it: settling it any earlier
+    would leave the message only in an asset event, processed by nobody if the run did not get
+    to it. A failed event is handed out again; a rejected one stays in the inbox as
+    ``rejected`` (a dead letter). Rows claimed by a producer whose session is gone (the
+    triggerer died) are handed out again by the next producer.
     """
 
-    def __init__(self, kwargs: dict[str, Any], *, settle_as: str | None = None) -> None:
+    def __init__(self, kwargs: dict[str, Any]) -> None:
         self.queue_name: str = kwargs["queue_name"]
         self.broker_conn_id: str = kwargs.get("broker_conn_id") or BrokerHook.default_conn_name
         self.consumer: str = kwargs.get("consumer_name") or f"watcher:{self.queue_name}"
@@ -340,9 +343,6 @@ class BrokerStreamProducer(SharedStreamProducer):
         self.one_run_per_message = bool(kwargs.get("one_run_per_message"))
         ack_timeout = kwargs.get("ack_timeout")
         self.ack_timeout = None if ack_timeout is None else float(ack_timeout)
-        # What a stored event does to its inbox row: with one_run_per_message the row waits,
-        # as "delivered", for the DAG run's acknowledgement.
-        self.settle_as = settle_as or ("delivered" if self.one_run_per_message else "acked")
         self._hook = BrokerHook(self.broker_conn_id)
         self._conn: AsyncConn | None = None
         self._settle_conn: AsyncConn | None = None
@@ -480,10 +480,11 @@ class BrokerStreamProducer(SharedStreamProducer):
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         if self._settle_conn is None or self._settle_conn.closed:
+            self._schema = (await self._hook.aget_conn_info()).schema
             self._settle_conn = await self._hook.aconnect()
         settle = sql.SQL("SELECT {}.airflow_settle(%s, %s::bigint[], %s)").format(
             sql.Identifier(self._schema))
-        outcomes: dict[str, list[int]] = {"acked": [], "delivered": [], "rejected": []}
+        outcomes: dict[str, list[int]] = {"delivered": [], "rejected": []}
         for item in batch:
             inbox_id = int(item.broker_payload)
             self._in_flight.discard(inbox_id)
@@ -491,7 +492,7 @@ class BrokerStreamProducer(SharedStreamProducer):
             if outcome.rejected:
                 outcomes["rejected"].append(inbox_id)
             elif outcome.is_clean:
-                outcomes[self.settle_as].append(inbox_id)
+                outcomes["delivered"].append(inbox_id)
             else:
                 # Not stored (ack timeout, overflow, nobody subscribed): hand it out again.
                 self._redeliver.append(inbox_id)
@@ -516,9 +517,11 @@ class BrokerMessageTrigger(BaseEventTrigger):
     message_to_dict`), also found in the asset event's ``extra["payload"]``.
 
     The trigger runs in Airflow 3.3's shared-stream ack mode: a message moves from the queue
-    into ``airflow_inbox`` and is deleted from there only after Airflow has stored the asset
-    event (at least once: after a triggerer crash a message can produce a second event, so
-    consumers should be idempotent, for example keyed by ``message_id``).
+    into ``airflow_inbox``, becomes an asset event, and stays in the inbox until a DAG run
+    processes it with ``BrokerHook.consume(triggering_asset_events[asset])``, in the run's own
+    transaction: exactly once, whatever the settings. Events themselves are at least once
+    (after a triggerer crash a message can produce a second event); ``consume()`` skips a
+    message an earlier transaction consumed.
 
     :param queue_name: the queue to watch
     :param consumer_name: names the inbox consumer (default ``watcher:<queue_name>``).
@@ -580,9 +583,9 @@ class BrokerMessageTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Outside the shared-stream manager the trigger cannot learn when Airflow has stored
-        an event. A message handed over is then kept in the inbox as ``delivered`` until a DAG
-        run acknowledges it: nothing is deleted before a DAG run has seen it."""
-        producer = BrokerStreamProducer(self.serialize()[1], settle_as="delivered")
+        an event: a message is marked ``delivered`` as soon as its event is yielded, and stays
+        in the inbox until a DAG run consumes it, as in ack mode."""
+        producer = BrokerStreamProducer(self.serialize()[1])
         try:
             async for payload, inbox_id in producer.open_stream():
                 yield trigger_event(payload)

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
 
-from airflow_broker import END_DIALOG, Broker
+from airflow_broker import END_DIALOG, Broker, BrokerError
+from airflow_broker.worker import BrokerWorker
 from tests.airflow.conftest import waiters
 from tests.airflow.helpers import poison, stock_trade_spec
 from tests.airflow.provider import (
@@ -179,7 +180,8 @@ def inbox(dsn: str) -> list[tuple[Any, ...]]:
     return rows(dsn, "SELECT inbox_id, state FROM broker.airflow_inbox ORDER BY inbox_id")
 
 
-def test_stream_deletes_only_after_the_event_is_stored(app: App, broker_conn: str) -> None:
+def test_stream_keeps_a_stored_event_in_the_inbox_until_a_run_consumes_it(
+        app: App, broker_conn: str) -> None:
     handle = app.dialog()
     for body in ("one", "two", "three"):
         send(app.broker, handle, body)
@@ -190,11 +192,12 @@ def test_stream_deletes_only_after_the_event_is_stored(app: App, broker_conn: st
         try:
             first, first_id = await anext(events)
             assert first["body"] == "one"
-            # Received into the inbox, not yet acknowledged.
+            # Received into the inbox, not yet stored as an asset event.
             assert rows(broker_conn, "SELECT count(*) FROM q_t") == [(2,)]
             assert inbox(broker_conn) == [(first_id, "claimed")]
             await stream.advance([AdvanceItem(first_id, clean())])
-            assert inbox(broker_conn) == []
+            # Stored: still there until a DAG run has used it.
+            assert inbox(broker_conn) == [(first_id, "delivered")]
 
             _, second_id = await anext(events)
             await stream.advance([AdvanceItem(second_id, AdvanceOutcome(acked=0, failed=1))])
@@ -204,13 +207,102 @@ def test_stream_deletes_only_after_the_event_is_stored(app: App, broker_conn: st
 
             _, third_id = await anext(events)
             await stream.advance([AdvanceItem(third_id, AdvanceOutcome(0, 0, rejected=1))])
-            assert inbox(broker_conn) == [(third_id, "rejected")]  # the dead letter stays
+            assert inbox(broker_conn) == [(first_id, "delivered"), (second_id, "delivered"),
+                                          (third_id, "rejected")]  # the dead letter stays
         finally:
             await events.aclose()
             await stream.aclose()
 
     asyncio.run(scenario())
     assert waiters(broker_conn, "q_t") == 0
+
+
+def test_a_burst_folded_into_one_run_is_consumed_exactly_once(app: App,
+                                                               broker_conn: str) -> None:
+    """Without one_run_per_message Airflow folds a burst into few DAG runs: every message of
+    the burst reaches the run's consume(), once, whatever order the acknowledgements and the
+    runs come in."""
+    handles = [app.dialog() for _ in range(20)]
+    for number, handle in enumerate(handles):
+        send(app.broker, handle, f"order {number}")
+
+    async def stream_all() -> list[dict[str, Any]]:
+        stream = producer(batch_size=7)
+        events = stream_of(stream)
+        payloads: list[dict[str, Any]] = []
+        try:
+            while len(payloads) < 20:
+                payload, inbox_id = await anext(events)
+                payloads.append(payload)
+                if len(payloads) != 20:  # the last one's acknowledgement comes after its run
+                    await stream.advance([AdvanceItem(inbox_id, clean())])
+        finally:
+            await events.aclose()
+            await stream.aclose()
+        return payloads
+
+    payloads = asyncio.run(stream_all())
+    first_run, second_run = payloads[:1], payloads[1:]
+    with BrokerHook() as hook:
+        with hook.consume(first_run) as (tx, messages):
+            assert [m.text() for m in messages] == ["order 0"]
+            for message in messages:
+                tx.end_conversation(message.conversation_handle)
+        # A try that fails rolls back: the messages stay to be consumed by the next try.
+        with pytest.raises(RuntimeError), hook.consume(second_run) as (tx, messages):
+            assert len(messages) == 19
+            raise RuntimeError("the task failed")
+        with hook.consume(second_run) as (tx, messages):
+            assert [m.text() for m in messages] == [f"order {n}" for n in range(1, 20)]
+            for message in messages:
+                tx.end_conversation(message.conversation_handle)
+        # A second event for the same messages (after a triggerer crash) finds them consumed.
+        with hook.consume(payloads) as (tx, messages):
+            assert messages == []
+
+    async def late_acknowledgement() -> None:
+        stream = producer()
+        try:
+            await stream.advance([AdvanceItem(payloads[-1]["inbox_id"], clean())])
+        finally:
+            await stream.aclose()
+
+    asyncio.run(late_acknowledgement())
+    assert {state for _, state in inbox(broker_conn)} == {"consumed"}
+    ended = rows(broker_conn, "SELECT count(*) FROM broker.conversation_endpoints"
+                              " WHERE state_desc = 'DISCONNECTED_INBOUND'")
+    assert ended == [(20,)]
+
+
+def test_consume_refuses_messages_that_are_not_in_the_inbox(app: App,
+                                                            broker_conn: str) -> None:
+    handle = app.dialog()
+    send(app.broker, handle, "held")
+    with BrokerHook() as hook:
+        (held,) = hook.claim("task:d/r/t/-1", "q_t")
+        unknown = {**held, "inbox_id": held["inbox_id"] + 1000}
+        with pytest.raises(BrokerError) as failure, hook.consume([held, unknown]):
+            pytest.fail("the block ran")
+        assert failure.value.number == 50120
+        assert str(held["inbox_id"] + 1000) in str(failure.value)
+        # Nothing was consumed: the message that is in the inbox is still there to use.
+        assert [state for _, state in inbox(broker_conn)] == ["claimed"]
+        with hook.consume([held]) as (_, messages):
+            assert [m.text() for m in messages] == ["held"]
+
+
+def test_worker_purges_consumed_rows_after_a_week(app: App, broker_conn: str) -> None:
+    handle = app.dialog()
+    send(app.broker, handle, "done")
+    with BrokerHook() as hook:
+        claimed = hook.claim("task:d/r/t/-1", "q_t")
+        with hook.consume(claimed):
+            pass
+    worker = BrokerWorker(app.broker, activation=False, transport=False)
+    assert worker.run_once().inbox_rows_purged == 0
+    app.broker.advance_clock(dt.timedelta(days=7, seconds=1))
+    assert worker.run_once().inbox_rows_purged == 1
+    assert inbox(broker_conn) == []
 
 
 def test_stream_hands_out_again_what_a_dead_producer_held(app: App, broker_conn: str) -> None:
@@ -235,7 +327,7 @@ def test_stream_hands_out_again_what_a_dead_producer_held(app: App, broker_conn:
             await crashed.aclose()
 
     asyncio.run(scenario())
-    assert inbox(broker_conn) == []
+    assert [state for _, state in inbox(broker_conn)] == ["delivered"]
 
 
 def test_one_run_per_message_waits_for_the_acknowledgement(app: App,
@@ -318,4 +410,4 @@ def test_stream_waits_for_its_queue_and_survives_a_lost_connection(
             await stream.aclose()
 
     asyncio.run(scenario())
-    assert inbox(broker_conn) == []
+    assert [state for _, state in inbox(broker_conn)] == ["delivered"]

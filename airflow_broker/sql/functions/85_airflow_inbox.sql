@@ -193,9 +193,11 @@ BEGIN
 END
 $$;
 
--- Moves rows of a consumer on: 'delivered' (handed over, waiting for the DAG run's ack),
--- 'rejected' (dead letter) or 'acked' (done: the rows are deleted). NULL ids: every row of the
--- consumer. Returns how many rows changed. An ack wakes watchers waiting for it.
+-- Moves rows of a consumer on: 'delivered' (handed over, waiting for a DAG run to consume
+-- them), 'rejected' (dead letter) or 'acked' (done: the rows are deleted). NULL ids: every row
+-- of the consumer. A row a DAG run has consumed already stays consumed: a watcher's
+-- acknowledgement can come after the run it started has processed the message. Returns how
+-- many rows changed. An ack wakes watchers waiting for it.
 CREATE OR REPLACE FUNCTION airflow_settle(p_consumer text, p_inbox_ids bigint[],
                                           p_state text DEFAULT 'acked')
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -213,7 +215,8 @@ BEGIN
         UPDATE airflow_inbox
            SET state = p_state,
                delivered_at = CASE WHEN p_state = 'delivered' THEN utc_now() ELSE delivered_at END
-         WHERE consumer = p_consumer AND (p_inbox_ids IS NULL OR inbox_id = ANY (p_inbox_ids));
+         WHERE consumer = p_consumer AND (p_inbox_ids IS NULL OR inbox_id = ANY (p_inbox_ids))
+           AND state <> 'consumed';
         GET DIAGNOSTICS v_count = ROW_COUNT;
     ELSE
         PERFORM raise_error(50106, coalesce(p_state, 'NULL'), 'STATE',
@@ -223,14 +226,82 @@ BEGIN
 END
 $$;
 
+-- What BrokerHook.consume() runs in the caller's transaction: the rows given by (consumer,
+-- inbox id) that are still to be processed become 'consumed', so the caller's own effects
+-- commit together with their removal; returns their ids. Rows consumed by an earlier
+-- transaction are left out (a second asset event for the same message, a retried task). A row
+-- that is not in the inbox at all raises 50120 and changes nothing: the caller would otherwise
+-- report success for messages nobody processed. The rows are locked in id order, so two runs
+-- consuming overlapping events wait for each other instead of deadlocking, and the second one
+-- skips what the first committed.
+CREATE OR REPLACE FUNCTION airflow_consume(p_consumers text[], p_inbox_ids bigint[])
+RETURNS SETOF bigint LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_missing text;
+    v_ids bigint[];
+    v_consumers text[];
+BEGIN
+    PERFORM 1
+       FROM airflow_inbox i
+       JOIN unnest(p_consumers, p_inbox_ids) w(consumer, inbox_id)
+         ON i.consumer = w.consumer AND i.inbox_id = w.inbox_id
+      ORDER BY i.inbox_id
+        FOR UPDATE OF i;
+    SELECT string_agg(format('%s (consumer %s)', w.inbox_id, w.consumer), ', '
+                      ORDER BY w.inbox_id)
+      INTO v_missing
+      FROM unnest(p_consumers, p_inbox_ids) w(consumer, inbox_id)
+     WHERE NOT EXISTS (SELECT 1 FROM airflow_inbox i
+                        WHERE i.consumer = w.consumer AND i.inbox_id = w.inbox_id);
+    IF v_missing IS NOT NULL THEN
+        PERFORM raise_error(50120, v_missing);
+    END IF;
+    WITH consumed AS (
+        UPDATE airflow_inbox i
+           SET state = 'consumed', consumed_at = utc_now(), message_body = NULL
+          FROM unnest(p_consumers, p_inbox_ids) w(consumer, inbox_id)
+         WHERE i.consumer = w.consumer AND i.inbox_id = w.inbox_id
+           AND i.state IN ('claimed', 'delivered')
+        RETURNING i.inbox_id, i.consumer)
+    SELECT coalesce(array_agg(inbox_id ORDER BY inbox_id), '{}'),
+           coalesce(array_agg(DISTINCT consumer), '{}')
+      INTO v_ids, v_consumers
+      FROM consumed;
+    -- Watchers with one_run_per_message wait for this before releasing the next message.
+    PERFORM pg_notify(current_schema() || '_airflow_inbox', left(c, 7000))
+       FROM unnest(v_consumers) c;
+    RETURN QUERY SELECT unnest(v_ids);
+END
+$$;
+
+-- Consumed rows are kept for a week, longer than any retry or duplicate event of the run that
+-- consumed them is expected to come; then the broker worker deletes them.
+CREATE OR REPLACE FUNCTION purge_consumed_inbox(p_limit integer DEFAULT 1000)
+RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    DELETE FROM airflow_inbox
+     WHERE inbox_id IN (SELECT inbox_id FROM airflow_inbox
+                         WHERE state = 'consumed' AND consumed_at < utc_now() - interval '7 days'
+                         ORDER BY consumed_at
+                         LIMIT p_limit
+                           FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION airflow_ack(p_consumer text, p_inbox_ids bigint[] DEFAULT NULL)
 RETURNS integer LANGUAGE sql SET search_path FROM CURRENT AS $$
     SELECT airflow_settle(p_consumer, p_inbox_ids, 'acked');
 $$;
 
--- What the inbox holds, per consumer and state: what the maintenance DAG reports.
+-- What the inbox holds, per consumer and state: what the maintenance DAG reports. Consumed
+-- rows are done with and are left out.
 CREATE OR REPLACE VIEW airflow_inbox_summary AS
 SELECT consumer, queue_name, state, dag_id, run_id, count(*) AS messages,
        min(claimed_at) AS oldest_claimed_at
   FROM airflow_inbox
+ WHERE state <> 'consumed'
  GROUP BY consumer, queue_name, state, dag_id, run_id;
