@@ -95,7 +95,12 @@ class WakeUps:
         self._ring()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                return  # it still sleeps on the bell: leave the sockets to the garbage collector
             self._thread = None
+        # Left open, each closed Broker leaks two sockets (a ResourceWarning in every task).
+        self._bell.close()
+        self._bell_ringer.close()
 
     def _ensure_started(self) -> None:
         with self._lock:

@@ -40,10 +40,10 @@ def test_messages_survive_a_task_killed_after_its_receive(
     with psycopg.connect(broker_conn) as conn:
         conn.execute("CREATE TABLE processed (message_id uuid PRIMARY KEY, body text)")
 
-    log = (scratch / "first-try.log").open("w")
-    first = subprocess.Popen([sys.executable, "-c", RUN_ONCE], stdout=log,
-                             stderr=subprocess.STDOUT,
-                             env={**os.environ, "T_KILL_AFTER_RECEIVE": "1"})
+    with (scratch / "first-try.log").open("w") as log:
+        first = subprocess.Popen([sys.executable, "-c", RUN_ONCE], stdout=log,
+                                 stderr=subprocess.STDOUT,
+                                 env={**os.environ, "T_KILL_AFTER_RECEIVE": "1"})
     # The sensor defers; once its trigger waits on the queue, the messages arrive.
     wait_for(lambda: waiters(broker_conn, "q_t") > 0, "the deferred sensor",
              alive=lambda: first.poll() is None)

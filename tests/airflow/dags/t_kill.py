@@ -33,7 +33,7 @@ def t_kill() -> None:
 
     @task
     def process(messages: Any) -> list[str]:
-        with BrokerHook().consume(messages) as (tx, consumed):
+        with BrokerHook() as hook, hook.consume(messages) as (tx, consumed):
             for message in consumed:
                 tx.conn.execute("INSERT INTO processed (message_id, body) VALUES (%s, %s)",
                                 [message.message_id, message.text()])

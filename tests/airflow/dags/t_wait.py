@@ -25,7 +25,7 @@ def t_wait() -> None:
 
     @task
     def use(messages: Any) -> list[str]:
-        with BrokerHook().consume(messages) as (tx, consumed):
+        with BrokerHook() as hook, hook.consume(messages) as (tx, consumed):
             for message in consumed:
                 tx.send(message.conversation_handle, "Resp", f"got {message.text()}")
             return [m.text() or "" for m in consumed]
