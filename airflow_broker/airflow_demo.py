@@ -110,7 +110,7 @@ def run_demo(dsn: str | None = None, *, accounts: int = 100, trades_per_account:
         return 0 if ok else 1
     finally:
         if server is not None:
-            server.stop()
+            server.release()
 
 
 def _child(argv: list[str]) -> int:

@@ -204,7 +204,7 @@ class Broker:
         self.pool.close()
         self.side.close()
         if self.embedded is not None:
-            self.embedded.stop()
+            self.embedded.release()
             self.embedded = None
 
     def __enter__(self) -> Broker:
