@@ -60,6 +60,16 @@ def load_target(target: str) -> Callable[[ActivationContext], object]:
     return obj
 
 
+def activation_command(procedure: str) -> list[str]:
+    """The command line that starts a reader; ValueError for one that cannot be parsed."""
+    if is_python_target(procedure):
+        return [sys.executable, "-m", "airflow_broker.activation", procedure]
+    command = shlex.split(procedure)
+    if not command:
+        raise ValueError("the activation procedure is empty")
+    return command
+
+
 def role_for(execute_as: str | None) -> str | None:
     """The role to SET for EXECUTE AS (SELF and OWNER: the broker's own login)."""
     if execute_as is None or execute_as.upper() in ("SELF", "OWNER", "CALLER"):
@@ -131,18 +141,25 @@ class ActivationManager:
                     "SELECT queue_id, name, activation_procedure, execute_as, internal_activation"
                     " FROM {}.monitored_queues ORDER BY queue_id").format(schema)).fetchall()
                 for queue_id, name, procedure, execute_as, internal in queues:
-                    row = conn.execute(sql.SQL("SELECT {}.monitor_step(%s, %s)").format(schema),
-                                       [queue_id, self.running(queue_id)]).fetchone()
-                    launch = int(row[0]) if row and internal else 0
-                    for _ in range(launch):
-                        self._start(conn, queue_id, name, procedure, execute_as)
-                        started += 1
+                    try:
+                        row = conn.execute(
+                            sql.SQL("SELECT {}.monitor_step(%s, %s)").format(schema),
+                            [queue_id, self.running(queue_id)]).fetchone()
+                        launch = int(row[0]) if row and internal else 0
+                        for _ in range(launch):
+                            started += self._start(conn, queue_id, name, procedure, execute_as)
+                    except psycopg.OperationalError:
+                        raise  # the database is gone: the worker reconnects
+                    except Exception:
+                        log.exception("activation of queue %s failed; the other queues go on",
+                                      name)
             finally:
                 conn.autocommit = False
         return started
 
     def _start(self, conn: psycopg.Connection[tuple[object, ...]], queue_id: int,
-               queue_name: str, procedure: str, execute_as: str | None) -> None:
+               queue_name: str, procedure: str, execute_as: str | None) -> bool:
+        """Starts one reader; False when it could not be started (recorded as aborted)."""
         task_id = uuid.uuid4()
         env = {
             **os.environ,
@@ -152,25 +169,24 @@ class ActivationManager:
             "AIRFLOW_BROKER_TASK_ID": str(task_id),
             "AIRFLOW_BROKER_ROLE": role_for(execute_as) or "",
         }
-        if is_python_target(procedure):
-            command = [sys.executable, "-m", "airflow_broker.activation", procedure]
-        else:
-            command = shlex.split(procedure)
         try:
-            process = subprocess.Popen(command, env=env)
-        except OSError as exc:
+            process = subprocess.Popen(activation_command(procedure), env=env)
+        except (OSError, ValueError) as exc:
+            # A procedure that cannot start (no such program, an unbalanced quote) is this
+            # queue's problem: it is logged and recorded, and every other queue goes on.
             conn.execute(sql.SQL("SELECT {}.activation_started(%s, %s, NULL)").format(
                 sql.Identifier(self.broker.schema)), [task_id, queue_id])
             conn.execute(sql.SQL("SELECT {}.activation_ended(%s, 'aborted', 0, 0, %s)").format(
                 sql.Identifier(self.broker.schema)), [task_id, f"could not start: {exc}"])
             log.error("activation of queue %s: could not start %r: %s", queue_name, procedure,
                       exc)
-            return
+            return False
         conn.execute(sql.SQL("SELECT {}.activation_started(%s, %s, %s)").format(
             sql.Identifier(self.broker.schema)), [task_id, queue_id, process.pid])
         self.readers[task_id] = _Reader(task_id, queue_id, process)
         log.info("activation of queue %s: started reader %s (pid %s)", queue_name, task_id,
                  process.pid)
+        return True
 
     def stop(self, timeout: float = 30.0) -> None:
         """Waits for running readers (they exit when their queue is empty)."""

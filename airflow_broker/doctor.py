@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_broker import migrations
-from airflow_broker.activation import is_python_target, load_target
+from airflow_broker.activation import activation_command, is_python_target, load_target
 from airflow_broker.broker import Broker
 from airflow_broker.transport import AddressError, masked, resolve_address
 
@@ -123,6 +123,15 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                               f"{type(exc).__name__}: {exc}",
                               "install the package that provides it where the broker worker "
                               "runs, or correct PROCEDURE_NAME")
+        elif procedure:
+            try:
+                activation_command(procedure)
+            except ValueError as exc:
+                yield Finding(ERROR if enabled else WARNING, "activation", name,
+                              f"the activation procedure {procedure!r} is not a command line "
+                              f"the worker can start: {exc}",
+                              "ALTER QUEUE ... WITH ACTIVATION (PROCEDURE_NAME = ...) with "
+                              "balanced quotes, or a package.module:function")
 
 
 def check_monitors(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:

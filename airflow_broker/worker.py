@@ -14,10 +14,12 @@ delivers to other brokers as soon as a SEND for one commits (LISTEN), and at lea
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import FrameType
 
@@ -96,17 +98,31 @@ class BrokerWorker:
         result = self.transport.run_until_idle()
         return result.acknowledged + result.refused
 
+    def _isolated(self, name: str, step: Callable[[], int]) -> int:
+        """Runs one step; a failure of the step is logged and the pass goes on with the next,
+        so one bad row or setting cannot stop timers, lifetimes and poison checks for every
+        queue. A lost database ends the pass: run() reconnects."""
+        try:
+            return step()
+        except psycopg.OperationalError:
+            raise
+        except Exception:
+            log.exception("broker worker: step %s failed; the other steps go on", name)
+            return 0
+
     def run_once(self, *, transmit: bool = True) -> PassResult:
         """One pass of every step; returns what it did."""
         fired, expired, delivered, reclaimed, replies, purged = (
-            self._step(step) for step in STEPS)
+            self._isolated(step, functools.partial(self._step, step)) for step in STEPS)
+        activation = self.activation
         return PassResult(
             timers_fired=fired, lifetimes_expired=expired, messages_delivered=delivered,
             endpoints_reclaimed=reclaimed, notification_replies=replies,
             inbox_rows_purged=purged,
-            messages_transmitted=self._transmit() if transmit else 0,
-            queues_disabled=self._resolve_receives(),
-            readers_started=self.activation.step() if self.activation is not None else 0,
+            messages_transmitted=self._isolated("transmit", self._transmit) if transmit else 0,
+            queues_disabled=self._isolated("resolve_receives", self._resolve_receives),
+            readers_started=0 if activation is None
+            else self._isolated("activation", activation.step),
         )
 
     def stop(self) -> None:

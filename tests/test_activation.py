@@ -16,6 +16,7 @@ from psycopg import sql
 
 from airflow_broker import Broker
 from airflow_broker.activation import ActivationManager
+from airflow_broker.doctor import diagnose
 from airflow_broker.worker import BrokerWorker
 from tests.conftest import App
 from tests.helpers import count, wait_until
@@ -251,6 +252,46 @@ def test_T_AC_04_turning_activation_off_leaves_running_readers(
     before = count(broker, "SELECT count(*) FROM public.processed")
     wait_until(lambda: count(broker, "SELECT count(*) FROM public.processed") > before,
                "the running reader to keep receiving")
+
+
+def test_a_procedure_that_cannot_start_stops_only_its_own_queue(activation_app: App) -> None:
+    """An unbalanced quote in one queue's procedure is that queue's finding: the worker's pass
+    goes on, other queues are activated and timers fire."""
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.create_queue("q_bad", activation_status=True, activation_procedure='echo "x',
+                        max_queue_readers=1)
+        tx.create_service("Bad", "q_bad", ["C"])
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:receive_one",
+                       max_queue_readers=1)
+        bad = tx.begin_dialog("I", "Bad", "C")
+        tx.send(bad, "Req", "for the bad queue")
+        timed = tx.begin_dialog("I", "T", "C")
+        tx.begin_conversation_timer(timed, 1)
+    fill(activation_app, 1)
+    broker.advance_clock(dt.timedelta(seconds=2))
+    worker = BrokerWorker(broker, transport=False)
+    try:
+        result = worker.run_once()
+        assert result.timers_fired == 1
+        assert result.readers_started == 1  # q_t's reader; q_bad's could not start
+        with psycopg.connect(broker.dsn) as conn:
+            log = conn.execute(
+                "SELECT q.name, a.outcome, a.exception FROM broker.activation_log a"
+                " JOIN broker.queues q ON q.object_id = a.queue_id ORDER BY q.name").fetchall()
+        assert [(name, outcome) for name, outcome, _ in log if name == "q_bad"] == [
+            ("q_bad", "aborted")]
+        assert any("No closing quotation" in (text or "") for name, _, text in log
+                   if name == "q_bad")
+        findings = [f for f in diagnose(broker).findings
+                    if f.check == "activation" and f.subject == "q_bad"]
+        assert [f.severity for f in findings] == ["error"]
+        assert "not a command line" in findings[0].problem
+    finally:
+        if worker.activation is not None:
+            worker.activation.stop(timeout=30)
+            worker.activation.close()
 
 
 def test_failing_reader_is_logged_and_poisons_the_queue(
