@@ -254,6 +254,25 @@ def test_T_AC_04_turning_activation_off_leaves_running_readers(
                "the running reader to keep receiving")
 
 
+def test_T_AC_01_no_reader_starts_while_the_broker_is_disabled(
+        activation_app: App, manager: ActivationManager) -> None:
+    """Activation needs the broker enabled in the database, as SQL Server's queue-monitor
+    troubleshooting lists; with ENABLE_BROKER again the waiting message gets its reader."""
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.activation_readers:receive_one",
+                       max_queue_readers=1)
+    fill(activation_app, 1)
+    with broker.transaction() as tx:
+        tx.alter_broker("DISABLE_BROKER")
+    assert manager.step() == 0
+    assert monitor(broker)[0] == "NO MONITOR"
+    with broker.transaction() as tx:
+        tx.alter_broker("ENABLE_BROKER")
+    assert manager.step() == 1
+
+
 def test_a_procedure_that_cannot_start_stops_only_its_own_queue(activation_app: App) -> None:
     """An unbalanced quote in one queue's procedure is that queue's finding: the worker's pass
     goes on, other queues are activated and timers fire."""

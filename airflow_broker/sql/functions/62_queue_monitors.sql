@@ -18,6 +18,10 @@ SELECT q.object_id AS queue_id, q.name, q.schema_name,
        q.activation_procedure, q.max_readers, q.execute_as
   FROM queues q
  WHERE q.is_receive_enabled
+   AND q.is_enqueue_enabled
+   -- Activation's preconditions as SQL Server's queue-monitor troubleshooting lists them: the
+   -- queue receives and enqueues, activation is configured, and the broker is enabled.
+   AND (SELECT i.is_broker_enabled FROM broker_identity i)
    AND ((q.is_activation_enabled AND q.activation_procedure IS NOT NULL AND q.max_readers > 0)
         OR EXISTS (SELECT 1 FROM event_subscriptions n
                     WHERE n.queue_id = q.object_id
