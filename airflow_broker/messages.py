@@ -94,8 +94,9 @@ class Message:
         return parse_error_body(self.message_body)
 
 
-# No network access, no entity expansion: bodies come from other applications.
-_SAFE_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
+# No network access, no entity expansion: bodies come from other applications. A text node
+# over 10 MB is as valid as SEND found it (huge_tree), the message size bounds it.
+_SAFE_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=True)
 
 
 def parse_error_body(body: bytes | None) -> ErrorDocument:

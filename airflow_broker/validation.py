@@ -11,7 +11,23 @@ from lxml import etree
 
 from airflow_broker.messages import decode_body
 
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True)
+# Bodies: no entity is expanded and nothing is loaded from outside. huge_tree lifts libxml2's
+# 10 MB limit on a single text node, which refused valid bodies as -9615: the size of a body
+# is bounded by the message size, not by the parser.
+_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=True)
+
+
+class _RefuseExternal(etree.Resolver):
+    """Answers every xs:include, xs:import and xs:redefine with an empty document: a schema
+    collection must not make the sending client read its local files."""
+
+    def resolve(  # type: ignore[override]  # lxml-stubs lack the context argument
+            self, system_url: str, public_id: str, context: object) -> object:
+        return self.resolve_string("", context, base_url=system_url)
+
+
+_SCHEMA_PARSER = etree.XMLParser(resolve_entities=False, no_network=True)
+_SCHEMA_PARSER.resolvers.add(_RefuseExternal())
 
 
 @dataclass(frozen=True)
@@ -39,7 +55,10 @@ def well_formed_error(body: bytes) -> str | None:
         etree.fromstring(body, parser=_PARSER)
         return None
     except etree.XMLSyntaxError as document_error:
-        text = decode_body(body) or ""
+        try:
+            text = decode_body(body) or ""
+        except UnicodeDecodeError as exc:
+            return f"{document_error} ({exc})"
         if text.lstrip().startswith("<?xml"):
             return str(document_error)
         try:
@@ -62,7 +81,7 @@ def compile_schema(xsd: str) -> etree.XMLSchema:
     with _schema_lock:
         schema = _schema_cache.get(xsd)
         if schema is None:
-            schema = etree.XMLSchema(etree.fromstring(xsd.encode(), parser=_PARSER))
+            schema = etree.XMLSchema(etree.fromstring(xsd.encode(), parser=_SCHEMA_PARSER))
             _schema_cache[xsd] = schema
         return schema
 
@@ -75,7 +94,13 @@ def schema_error(body: bytes, schemas: Sequence[str]) -> str | None:
     document = etree.fromstring(body, parser=_PARSER)
     reasons = []
     for xsd in schemas:
-        schema = compile_schema(xsd)
+        try:
+            schema = compile_schema(xsd)
+        except (etree.XMLSchemaParseError, etree.XMLSyntaxError) as exc:
+            # A collection stored through SQL is not checked: the target could not validate
+            # against it either, so the body is refused rather than SEND failing.
+            reasons.append(f"the schema collection holds a schema that is not valid: {exc}")
+            continue
         if schema.validate(document):
             return None
         reasons.append(str(schema.error_log.last_error))  # type: ignore[attr-defined]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 
@@ -219,6 +221,57 @@ def test_valid_xml_checks_the_schema_collection(validating_app: App) -> None:
         (message,) = tx.receive("q_t")
     assert message.message_body == b'<order qty="3"/>'
     _first_message_rejected(validating_app, "Order", b'<order qty="-1"/>')
+
+
+def test_T_MT_03_a_body_that_is_not_utf8_is_refused_with_9615(validating_app: App) -> None:
+    """From Python too: the target refuses it (Error -9615 to the sender), SEND does not raise
+    a decoding error."""
+    _first_message_rejected(validating_app, "Xml", b"<trade>\xc3\x28</trade> \xff")
+
+
+def test_a_schema_collection_stored_through_sql_that_is_not_a_schema_refuses_bodies(
+        validating_app: App) -> None:
+    with psycopg.connect(validating_app.broker.dsn) as conn:
+        conn.execute("SELECT broker.create_xml_schema_collection('broken', ARRAY['<not-xsd'])")
+    with validating_app.broker.transaction() as tx:
+        tx.create_message_type("Broken", "VALID_XML", schema_collection="broken")
+        tx.create_contract("VB", {"Broken": "ANY"})
+        tx.alter_service("T", add_contracts=["VB"])
+        handle = tx.begin_dialog("I", "T", "VB")
+    with validating_app.broker.transaction() as tx:
+        tx.send(handle, "Broken", b"<order/>")
+    with validating_app.broker.transaction() as tx:
+        assert tx.receive("q_t") == []
+        (error,) = tx.receive("q_i")
+    assert error.error().code == -9615
+    assert "not valid" in error.error().description
+
+
+def test_a_schema_collection_never_reads_local_files(validating_app: App,
+                                                     tmp_path: Path) -> None:
+    included = tmp_path / "secret.xsd"
+    included.write_text('<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">'
+                        '<xs:element name="secret" type="xs:string"/></xs:schema>')
+    xsd = ('<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">'
+           f'<xs:include schemaLocation="{included.as_uri()}"/>'
+           '<xs:element name="open" type="xs:string"/></xs:schema>')
+    before = snapshot(validating_app.broker)
+    with pytest.raises(BrokerError) as refused, validating_app.broker.transaction() as tx:
+        tx.create_xml_schema_collection("includes", [xsd])
+    assert refused.value.number == 50107
+    assert snapshot(validating_app.broker) == before
+
+
+def test_T_MT_03_a_text_node_over_10_mb_is_well_formed(validating_app: App) -> None:
+    body = b"<report>" + b"x" * (11 * 1024 * 1024) + b"</report>"
+    handle = validating_app.dialog("V")
+    with validating_app.broker.transaction() as tx:
+        tx.send(handle, "Xml", body)
+    with validating_app.broker.transaction() as tx:
+        (message,) = tx.receive("q_t")
+    assert message.message_type_name == "Xml"
+    root = message.xml()
+    assert root is not None and len(root.text or "") == 11 * 1024 * 1024
 
 
 def test_valid_xml_cannot_be_checked_by_sql_alone(validating_app: App) -> None:
