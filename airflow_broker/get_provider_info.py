@@ -58,10 +58,14 @@ def get_provider_info() -> dict[str, Any]:
                 },
                 "sslmode": {
                     "label": "SSL mode",
-                    "description": "libpq sslmode",
+                    "description": "libpq sslmode; when none is chosen, libpq's default "
+                                   "(prefer) applies",
+                    # No default and no None among the choices: Airflow's dropdown preselects
+                    # the choice equal to the field's value, and None showed as a chosen
+                    # "null". Optional through the "null" type.
                     "schema": {"type": ["string", "null"],
-                               "enum": [None, "disable", "allow", "prefer", "require",
-                                        "verify-ca", "verify-full"]},
+                               "enum": ["disable", "allow", "prefer", "require", "verify-ca",
+                                        "verify-full"]},
                 },
             },
         }],

@@ -13,10 +13,11 @@ direction, sequence number), acknowledges them again and enqueues them once.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -26,6 +27,9 @@ from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
 from airflow_broker.validation import MessageTypeInfo, verdict
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +52,11 @@ class FarBroker:
 
 def resolve_address(address: str) -> FarBroker:
     """``postgresql://...[?broker_schema=name]`` or ``airflow://conn_id`` (an Airflow
-    connection of type ``broker`` or ``postgres``, read through Airflow's secrets backends)."""
+    connection of type ``broker`` or ``postgres``, read through Airflow's connections: see
+    :func:`airflow_connection`)."""
     if address.lower().startswith("airflow://"):
         conn_id = address[len("airflow://"):]
         try:
-            from airflow.sdk import BaseHook
-
             if TYPE_CHECKING:
                 from hooks.broker import BrokerConnectionInfo
             else:
@@ -61,7 +64,7 @@ def resolve_address(address: str) -> FarBroker:
         except ImportError as exc:  # Airflow is an optional extra
             raise AddressError(f"{address}: Airflow is not installed ({exc})") from None
         try:
-            info = BrokerConnectionInfo.from_connection(BaseHook.get_connection(conn_id))
+            info = BrokerConnectionInfo.from_connection(airflow_connection(conn_id))
         except Exception as exc:  # Airflow raises its own not-found types per version
             raise AddressError(f"{address}: {exc}") from None
         return FarBroker(info.dsn, info.schema)
@@ -73,6 +76,30 @@ def resolve_address(address: str) -> FarBroker:
     rest = [(k, v) for k, v in query if k != "broker_schema"]
     # %20 for spaces: libpq does not read '+' as one (options=-c%20name%3Dvalue).
     return FarBroker(urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), schema)
+
+
+def airflow_connection(conn_id: str) -> Connection:
+    """The Airflow connection ``conn_id``, wherever this process runs.
+
+    In a task (or the triggerer) the task SDK asks the API server through its supervisor. Any
+    other process, such as a broker worker, is no task: there the task SDK's
+    ``BaseHook.get_connection`` consults only environment variables and a configured secrets
+    backend, never the metadata database (``ensure_secrets_backend_loaded``'s fallback chain in
+    Airflow 3.3), so a connection created in the UI or with ``airflow connections add`` would
+    not be found. Airflow core's lookup reads the same secrets backend, the environment and
+    the metadata database, as ``airflow connections get`` does.
+    """
+    from airflow.sdk import BaseHook
+
+    runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+    if getattr(runner, "SUPERVISOR_COMMS", None) is not None:
+        return BaseHook.get_connection(conn_id)
+    try:
+        from airflow.models.connection import Connection as CoreConnection
+    except ImportError:  # a worker with only the task SDK has no metadata database to read
+        return BaseHook.get_connection(conn_id)
+    # Core's Connection has the attributes the SDK's has, which is all a caller reads.
+    return cast("Connection", CoreConnection.get_connection_from_secrets(conn_id))
 
 
 def address_of(dsn: str, schema: str | None = None) -> str:
@@ -131,7 +158,10 @@ class Transport:
         self.batch_size = batch_size
         self.connect_timeout = connect_timeout
         self.statement_timeout = statement_timeout
-        self._far: dict[str, psycopg.Connection[TupleRow]] = {}
+        # An open connection per address, with what the address resolved to when it was
+        # opened: an airflow:// address is looked up again only to connect again, not for
+        # every batch (a metadata database query, or a call to a paid secrets service).
+        self._far: dict[str, tuple[FarBroker, psycopg.Connection[TupleRow]]] = {}
         self._lock = threading.Lock()
         s = sql.Identifier(broker.schema)
         self._outbound = sql.SQL("SELECT * FROM {}.outbound_transmissions(%s)").format(s)
@@ -201,30 +231,31 @@ class Transport:
                 break
         return total
 
-    def _connection(self, address: str, far: FarBroker) -> psycopg.Connection[TupleRow]:
-        conn = self._far.get(address)
-        if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(
-                far.dsn, autocommit=True, connect_timeout=self.connect_timeout,
-                application_name=f"{self.broker.application_name}-transport")
-            # A far server that hangs must not hold this broker's conversations for ever.
-            conn.execute("SELECT set_config('statement_timeout', %s, false)",
-                         [f"{int(self.statement_timeout * 1000)}ms"])
-            self._far[address] = conn
-        return conn
+    def _connection(self, address: str) -> tuple[FarBroker, psycopg.Connection[TupleRow]]:
+        known = self._far.get(address)
+        if known is not None and not known[1].closed and not known[1].broken:
+            return known
+        far = resolve_address(address)
+        conn = psycopg.connect(
+            far.dsn, autocommit=True, connect_timeout=self.connect_timeout,
+            application_name=f"{self.broker.application_name}-transport")
+        # A far server that hangs must not hold this broker's conversations for ever.
+        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                     [f"{int(self.statement_timeout * 1000)}ms"])
+        self._far[address] = (far, conn)
+        return far, conn
 
     def _push(self, address: str, me: str,
               batch: Sequence[TupleRow]) -> tuple[list[Outcome], str]:
-        far = resolve_address(address)
-        conn = self._connection(address, far)
+        far, conn = self._connection(address)
         try:
             return self._accept(conn, far.schema, me, batch)
         except psycopg.OperationalError:
-            # A connection that broke since its last use (the far server restarted) gets one
-            # fresh try.
+            # A connection that broke since its last use (the far server restarted, or its
+            # credentials were rotated) gets one fresh try, with the address resolved again.
             self._far.pop(address, None)
             conn.close()
-            conn = self._connection(address, far)
+            far, conn = self._connection(address)
             return self._accept(conn, far.schema, me, batch)
 
     def _accept(self, conn: psycopg.Connection[TupleRow], schema: str, me: str,
@@ -277,7 +308,7 @@ class Transport:
         return checked, problems
 
     def close(self) -> None:
-        for conn in self._far.values():
+        for _far, conn in self._far.values():
             conn.close()
         self._far.clear()
 

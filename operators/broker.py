@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import BaseOperator
 from lxml import etree
 
@@ -41,6 +42,23 @@ ReceiveCallback = Callable[[list[Message], Transaction, "Context"], Any]
 
 class FireAndForgetWarning(UserWarning):
     """A dialog begun, sent on and ended by the initiator in one transaction."""
+
+
+class BrokerDeprecationWarning(AirflowProviderDeprecationWarning):
+    """A parameter of airflow-broker that has a new name; the old one still works, for now."""
+
+    deprecated_provider_since = "0.1.0"
+
+
+def _renamed(old_name: str, old_value: Any, new_name: str, new_value: Any) -> Any:
+    """``new_value``, or ``old_value`` given under the parameter's deprecated name."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise ValueError(f"{old_name} is the deprecated name of {new_name}: give only {new_name}")
+    warnings.warn(f"{old_name} is deprecated: use {new_name}, as the engine does",
+                  BrokerDeprecationWarning, stacklevel=3)
+    return old_value
 
 
 def to_handle(value: Any) -> uuid.UUID:
@@ -285,38 +303,44 @@ class SendMessageOperator(BrokerBaseOperator):
 
 
 class EndConversationOperator(BrokerBaseOperator):
-    """END CONVERSATION on one or several conversations, optionally WITH ERROR (code > 0 and
-    description) or WITH CLEANUP (removes the endpoint without telling the peer: for leaked or
-    orphaned endpoints only)."""
+    """END CONVERSATION on one or several conversations, optionally WITH ERROR (``error``, a
+    code > 0, and ``description``) or WITH CLEANUP (removes the endpoint without telling the
+    peer: for leaked or orphaned endpoints only). The parameters are named as in
+    ``Transaction.end_conversation``; ``error_code`` and ``error_description`` are their
+    deprecated names (BrokerDeprecationWarning)."""
 
-    template_fields: Sequence[str] = ("conversation_handle", "error_description",
-                                      "broker_conn_id")
+    template_fields: Sequence[str] = ("conversation_handle", "description", "broker_conn_id")
 
     def __init__(
         self,
         *,
         conversation_handle: Any,
+        error: int | None = None,
+        description: str | None = None,
+        cleanup: bool = False,
         error_code: int | None = None,
         error_description: str | None = None,
-        cleanup: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if cleanup and (error_code is not None or error_description is not None):
+        error = _renamed("error_code", error_code, "error", error)
+        description = _renamed("error_description", error_description, "description",
+                               description)
+        if cleanup and (error is not None or description is not None):
             raise ValueError("WITH CLEANUP and WITH ERROR exclude each other")
         self.conversation_handle = conversation_handle
-        self.error_code = error_code
-        self.error_description = error_description
+        self.error = error
+        self.description = description
         self.cleanup = cleanup
 
     def execute(self, context: Context) -> list[str]:
         handles = to_handles(self.conversation_handle)
         with self.hook() as hook, hook.transaction() as tx:
             for handle in handles:
-                tx.end_conversation(handle, error=self.error_code,
-                                    description=self.error_description, cleanup=self.cleanup)
+                tx.end_conversation(handle, error=self.error, description=self.description,
+                                    cleanup=self.cleanup)
         how = (" WITH CLEANUP" if self.cleanup else
-               f" WITH ERROR {self.error_code}" if self.error_code is not None else "")
+               f" WITH ERROR {self.error}" if self.error is not None else "")
         self.log.info("ended%s: %s", how, ", ".join(map(str, handles)))
         return [str(h) for h in handles]
 

@@ -84,12 +84,21 @@ class _BrokerWaitSensor(BaseSensorOperator):
         timeout = float(self.timeout) if self.timeout is not None else 7 * 24 * 3600.0
         return (dt.datetime.now(dt.UTC) + timedelta(seconds=timeout)).isoformat()
 
+    def _waiting_for(self) -> str:
+        """What the trigger waits for, for the task log."""
+        raise NotImplementedError
+
     def _defer_to(self, trigger: WaitForReceiveTrigger) -> None:
         remaining = timedelta(days=7)
         if trigger.deadline is not None:
             remaining = dt.datetime.fromisoformat(trigger.deadline) - dt.datetime.now(dt.UTC)
+        remaining = max(remaining, timedelta(0))
+        # Airflow logs only "Pausing task as DEFERRED": the log has to say what for.
+        self.log.info("deferring to the triggerer: waiting for %s until %s (timeout %g s, "
+                      "%d s left)", self._waiting_for(), trigger.deadline or "no deadline",
+                      self.timeout, int(remaining.total_seconds()))
         self.defer(trigger=trigger, method_name="execute_complete",
-                   timeout=max(remaining, timedelta(0)) + DEFERRAL_GRACE)
+                   timeout=remaining + DEFERRAL_GRACE)
 
     def _fail_on(self, event: dict[str, Any]) -> None:
         status = event.get("status")
@@ -194,6 +203,14 @@ class WaitForReceiveSensor(_BrokerWaitSensor):
                            "disabled_reason": state.get("disabled_reason"),
                            "disabled_at": state.get("disabled_at")})
 
+    def _waiting_for(self) -> str:
+        filters = [f"{name} {value}" for name, value in (
+            ("conversation_handle", self.conversation_handle),
+            ("conversation_group_id", self.conversation_group_id),
+            ("message types", ", ".join(self._types() or ()))) if value]
+        return (f"messages RECEIVE could take on queue {self.queue_name}"
+                f" ({'; '.join(filters) if filters else 'no filters'})")
+
     def _trigger(self, deadline: str) -> WaitForReceiveTrigger:
         return WaitForReceiveTrigger(
             queue_name=self.queue_name, broker_conn_id=self.broker_conn_id,
@@ -251,8 +268,13 @@ class QueueDisabledSensor(_BrokerWaitSensor):
 
     The notification arrives on ``notification_queue_name`` (service
     ``notification_service_name``). With ``create_notifications=True`` the sensor creates the
-    queue, the service (accepting PostEventNotification) and an event notification named
-    ``notification_name`` on every watched queue, when they do not exist.
+    queue (its view in the broker's own schema, so that brokers in several schemas of one
+    database each have theirs), the service (accepting PostEventNotification) and an event
+    notification named ``notification_name`` on every watched queue, when they do not exist.
+
+    A watched queue that does not exist yet is waited for (its DAG may run before the setup
+    that creates it): the log names it, and with ``create_notifications`` its event
+    notification is created as soon as it exists.
 
     The notification is received into the Airflow inbox, so a try that fails after receiving
     it returns it again on retry (see the module documentation).
@@ -278,6 +300,8 @@ class QueueDisabledSensor(_BrokerWaitSensor):
         self.notification_service_name = notification_service_name
         self.notification_name = notification_name
         self.create_notifications = create_notifications
+        # Watched queues that did not exist at the last look.
+        self._missing: list[str] = []
 
     def _watched(self) -> list[str]:
         if not self.queue_names:
@@ -286,10 +310,17 @@ class QueueDisabledSensor(_BrokerWaitSensor):
             return [self.queue_names]
         return list(self.queue_names)
 
-    def notification_spec(self) -> dict[str, Any]:
-        """The objects ``create_notifications`` makes sure of."""
+    def notification_spec(self, schema: str | None = None,
+                          queue_names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The objects ``create_notifications`` makes sure of: the notification queue, with
+        its view in ``schema`` (the broker's own schema; "public" when None, which a second
+        broker schema in the same database cannot share), its service, and an event
+        notification on each of ``queue_names`` (default: every watched queue)."""
+        queue: dict[str, Any] = {"name": self.notification_queue_name}
+        if schema is not None:
+            queue["schema"] = schema
         return {
-            "queues": [{"name": self.notification_queue_name}],
+            "queues": [queue],
             "services": [{"name": self.notification_service_name,
                           "queue_name": self.notification_queue_name,
                           "contracts": [POST_EVENT_NOTIFICATION]}],
@@ -297,14 +328,57 @@ class QueueDisabledSensor(_BrokerWaitSensor):
                 "name": self.notification_name, "queue_name": queue_name,
                 "events": [BROKER_QUEUE_DISABLED],
                 "service_name": self.notification_service_name,
-            } for queue_name in self._watched()],
+            } for queue_name in (self._watched() if queue_names is None else queue_names)],
         }
+
+    def _queue_ids(self, hook: BrokerHook) -> dict[str, int | None]:
+        """The id of each watched queue, None for one that does not exist (yet)."""
+        watched = self._watched()
+        if not watched:
+            return {}
+        with hook.transaction() as tx:
+            rows = tx.run(sql.SQL(
+                "SELECT w.name, ({}.find_queue(w.name)).object_id"
+                " FROM unnest(%s::text[]) AS w(name)").format(sql.Identifier(hook.schema)),
+                [watched])
+        return {str(name): queue_id for name, queue_id in rows}
+
+    def _prepare(self, hook: BrokerHook) -> dict[str, int | None]:
+        """Creates what ``create_notifications`` promises for the watched queues that exist,
+        and notes (and logs) those that do not exist yet. Returns the queue ids."""
+        ids = self._queue_ids(hook)
+        missing = [name for name, queue_id in ids.items() if queue_id is None]
+        if self.create_notifications:
+            with hook.transaction() as tx:
+                report = apply_spec(tx, self.notification_spec(
+                    hook.schema, [name for name, queue_id in ids.items()
+                                  if queue_id is not None]))
+            for label in report.created:
+                self.log.info("created %s", label)
+        if missing and missing != self._missing:
+            # CREATE EVENT NOTIFICATION on a missing queue fails with Msg 15151: wait instead.
+            self.log.info(
+                "waiting for queue(s) %s, which do not exist yet; %s", ", ".join(missing),
+                f"their event notification {self.notification_name} is created once they do"
+                if self.create_notifications else
+                "no BROKER_QUEUE_DISABLED can be raised for them until they exist and have "
+                "an event notification")
+        self._missing = missing
+        return ids
+
+    def _waiting_for(self) -> str:
+        watched = self._watched()
+        about = f"queue(s) {', '.join(watched)}" if watched else "any queue"
+        pending = (f"; not created yet: {', '.join(self._missing)}" if self._missing else "")
+        return (f"BROKER_QUEUE_DISABLED about {about} on notification queue "
+                f"{self.notification_queue_name}{pending}")
 
     def _trigger(self, deadline: str) -> QueueDisabledTrigger:
         return QueueDisabledTrigger(
             queue_name=self.notification_queue_name, queue_names=self._watched() or None,
             broker_conn_id=self.broker_conn_id, poll_interval=self._poll_interval(),
-            deadline=deadline)
+            deadline=deadline,
+            missing_queue_names=(self._missing or None) if self.create_notifications else None)
 
     def _result(self, hook: BrokerHook, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The first BROKER_QUEUE_DISABLED about a watched queue among received rows."""
@@ -366,11 +440,7 @@ class QueueDisabledSensor(_BrokerWaitSensor):
 
     def execute(self, context: Context) -> Any:
         with BrokerHook(self.broker_conn_id) as hook:
-            if self.create_notifications:
-                with hook.transaction() as tx:
-                    report = apply_spec(tx, self.notification_spec())
-                for label in report.created:
-                    self.log.info("created %s", label)
+            self._prepare(hook)
             held = hook.claimed(_consumer(context))
             result = self._result(hook, held) if held else None
         if result is not None:
@@ -385,7 +455,9 @@ class QueueDisabledSensor(_BrokerWaitSensor):
         """The conversation of the first waiting BROKER_QUEUE_DISABLED about a watched
         queue (what the trigger looks for, checked here without it)."""
         watched = self._watched()
-        ids = {int(hook.queue_state(name)["queue_id"]) for name in watched}
+        # A poking sensor creates the notifications of queues that appeared since.
+        found = self._prepare(hook) if self._missing else self._queue_ids(hook)
+        ids = {queue_id for queue_id in found.values() if queue_id is not None}
         for message in hook.peek(self.notification_queue_name, limit=100,
                                  message_type_names=[EVENT_NOTIFICATION]):
             try:
@@ -408,9 +480,17 @@ class QueueDisabledSensor(_BrokerWaitSensor):
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         event = event or {}
+        if event.get("status") == "queues_created":
+            self.log.info("queue(s) %s now exist", ", ".join(event.get("queue_names") or ()))
+            with BrokerHook(self.broker_conn_id) as hook:
+                self._prepare(hook)
+            self._defer_to(self._trigger(event.get("deadline") or self._deadline()))
+            return None
         self._fail_on(event)
         with BrokerHook(self.broker_conn_id) as hook:
             result = self._attempt(hook, context, event.get("conversation_handle"))
+            if result is None:
+                self._prepare(hook)
         if result is not None:
             self.log.warning("queue %s was disabled (%s): %s", result["queue_name"],
                              result["reason"], result["reason_text"])

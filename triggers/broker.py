@@ -197,7 +197,8 @@ class WaitForReceiveTrigger(BaseTrigger):
         return (dt.datetime.fromisoformat(self.deadline) - _utcnow()).total_seconds()
 
     async def check(self, conn: AsyncConn, schema: str) -> dict[str, Any] | None:
-        """The event to fire when the wait is over, or None to keep waiting."""
+        """The event to fire when the wait is over, or None to keep waiting. Its status is
+        "ready" unless the dict names another."""
         found = await peek(conn, schema, self.queue_name, limit=self.limit,
                            conversation_handle=self.conversation_handle,
                            conversation_group_id=self.conversation_group_id,
@@ -270,7 +271,13 @@ class WaitForReceiveTrigger(BaseTrigger):
 class QueueDisabledTrigger(WaitForReceiveTrigger):
     """Waits for a BROKER_QUEUE_DISABLED event notification about one of ``queue_names`` (any
     queue when empty) on the notification queue ``queue_name``. Fires with the notification's
-    conversation and the parsed event; the task receives it when it resumes."""
+    conversation and the parsed event; the task receives it when it resumes.
+
+    A watched queue that does not exist is waited for, as the AssetWatcher's trigger does.
+    Once one of ``missing_queue_names`` exists, the trigger fires
+    ``{"status": "queues_created", "queue_names": [...]}``, so that the sensor creates its event
+    notification and defers again: no notification can be raised for a queue without one.
+    """
 
     def __init__(
         self,
@@ -281,11 +288,13 @@ class QueueDisabledTrigger(WaitForReceiveTrigger):
         poll_interval: float = 5.0,
         deadline: str | None = None,
         limit: int = 100,
+        missing_queue_names: Sequence[str] | None = None,
     ) -> None:
         super().__init__(queue_name=queue_name, broker_conn_id=broker_conn_id,
                          message_type_names=[EVENT_NOTIFICATION], poll_interval=poll_interval,
                          deadline=deadline, limit=limit)
         self.queue_names = list(queue_names) if queue_names else None
+        self.missing_queue_names = list(missing_queue_names) if missing_queue_names else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -295,12 +304,24 @@ class QueueDisabledTrigger(WaitForReceiveTrigger):
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
             "limit": self.limit,
+            "missing_queue_names": self.missing_queue_names,
         })
 
+    async def queue_ids(self, conn: AsyncConn, schema: str) -> dict[str, int | None]:
+        """The id of each watched queue, None for one that does not exist. find_queue()
+        rather than airflow_queue_state(), whose error 208 would put an ERROR in the server's
+        log on every poll while a queue is missing."""
+        if not self.queue_names:
+            return {}
+        cursor = await conn.execute(sql.SQL(
+            "SELECT w.name, ({}.find_queue(w.name)).object_id"
+            " FROM unnest(%s::text[]) AS w(name)").format(sql.Identifier(schema)),
+            [self.queue_names])
+        return {str(name): queue_id for name, queue_id in await cursor.fetchall()}
+
     async def check(self, conn: AsyncConn, schema: str) -> dict[str, Any] | None:
-        wanted_ids: set[int] = set()
-        for name in self.queue_names or ():
-            wanted_ids.add(int((await queue_state(conn, schema, name))["queue_id"]))
+        ids = await self.queue_ids(conn, schema)
+        wanted_ids = {queue_id for queue_id in ids.values() if queue_id is not None}
         for message in await peek(conn, schema, self.queue_name, limit=self.limit,
                                   message_type_names=[EVENT_NOTIFICATION]):
             try:
@@ -315,6 +336,11 @@ class QueueDisabledTrigger(WaitForReceiveTrigger):
             return {"conversation_handle": str(message.conversation_handle),
                     "message_id": str(message.message_id),
                     "event": event_to_dict(event)}
+        created = [name for name in self.missing_queue_names or ()
+                   if ids.get(name) is not None]
+        if created:
+            # Overrides wait()'s "ready": the sensor has notifications to create, no alert.
+            return {"status": "queues_created", "queue_names": created}
         return None
 
 

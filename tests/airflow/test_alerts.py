@@ -8,6 +8,7 @@ import argparse
 import email
 import email.policy
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,10 +18,20 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from airflow_broker import Broker, BrokerError
+from airflow_broker.migrations import install
 from airflow_broker.queue_admin import run_enable_queue
-from tests.airflow.conftest import Background, RunDag, task_states, wait_for, waiters, xcom
+from tests.airflow.conftest import (
+    Background,
+    RunDag,
+    connection_json,
+    task_states,
+    wait_for,
+    waiters,
+    xcom,
+)
 from tests.airflow.helpers import free_port, poison, stock_trade_spec
 from tests.airflow.provider import QueueDisabledNotifier, apply_spec
+from tests.airflow.test_sensors import dag_file
 
 ALERT_QUEUE = "AirflowBrokerAlertQueue"
 
@@ -112,6 +123,91 @@ def test_poisoned_queue_sends_an_alert_email(run_dag: RunDag, trading: Broker,
     result = xcom(enable_run, "enable_queue")
     assert result["changed"] and result["before"]["disabled_reason"] == "POISON"
     assert result["after"]["is_receive_enabled"] and result["after"]["ready_messages"] == 1
+
+
+@pytest.mark.parametrize("deferrable", [True, False], ids=["deferred", "poking"])
+def test_alert_sensor_waits_for_a_queue_created_later(
+        run_dag: RunDag, broker_conn: str, capfd: pytest.CaptureFixture[str],
+        deferrable: bool) -> None:
+    """The alert DAG may run before the setup that creates the queues it watches: the sensor
+    waits for them (CREATE EVENT NOTIFICATION on a missing queue is Msg 15151), creates the
+    event notification once the queue exists, and then raises the alert."""
+    broker = Broker(broker_conn, poll_interval=0.2)
+
+    def sensor_waits() -> bool:
+        if deferrable:
+            return waiters(broker_conn, ALERT_QUEUE) > 0
+        with psycopg.connect(broker_conn) as conn:  # a poking sensor has no waiter
+            row = conn.execute("SELECT count(*) FROM broker.queues WHERE name = %s",
+                               [ALERT_QUEUE]).fetchone()
+        return row == (1,)
+
+    def notification_exists() -> bool:
+        with psycopg.connect(broker_conn) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM broker.event_notifications n JOIN broker.queues q"
+                " ON q.object_id = n.parent_id WHERE q.name = 'BrokerageQueue'").fetchone()
+        return row == (1,)
+
+    ran = threading.Event()
+
+    def set_up_and_poison() -> None:
+        wait_for(sensor_waits, "the waiting alert sensor", alive=lambda: not ran.is_set())
+        with broker.transaction() as tx:
+            apply_spec(tx, stock_trade_spec())
+        wait_for(notification_exists, "the event notification on the new queue",
+                 alive=lambda: not ran.is_set())
+        poison(broker)
+
+    worker = Background(set_up_and_poison)
+    try:
+        with dag_file("t_alert_on_a_later_queue", f"""
+                QueueDisabledSensor(task_id="alert", queue_names=["BrokerageQueue"],
+                                    create_notifications=True, poll_interval=0.2,
+                                    poke_interval=0.2, timeout=600, soft_fail=True,
+                                    deferrable={deferrable})
+                """):
+            worker.start()
+            try:
+                dag_run = run_dag("t_alert_on_a_later_queue")
+            finally:
+                ran.set()
+            assert task_states(dag_run) == {"alert": "success"}
+            worker.join()
+    finally:
+        broker.close()
+    event = xcom(dag_run, "alert")
+    assert (event["queue_name"], event["reason"]) == ("BrokerageQueue", "POISON")
+    out = capfd.readouterr().out
+    assert ("waiting for queue(s) BrokerageQueue, which do not exist yet; their event "
+            "notification airflow_broker_queue_disabled is created once they do") in out
+    assert deferrable == (
+        "deferring to the triggerer: waiting for BROKER_QUEUE_DISABLED about queue(s) "
+        f"BrokerageQueue on notification queue {ALERT_QUEUE}; not created yet: BrokerageQueue"
+        in out)
+    assert "created event notification airflow_broker_queue_disabled on BrokerageQueue" in out
+
+
+def test_alert_objects_of_two_broker_schemas_in_one_database(
+        run_dag: RunDag, broker_conn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each broker schema gets its own alert queue, whose view is in that schema: in
+    "public", the second one was Msg 2714."""
+    install(broker_conn, "broker_two")
+    monkeypatch.setenv("AIRFLOW_CONN_BROKER_TWO",
+                       connection_json(broker_conn, broker_schema="broker_two"))
+    with dag_file("t_alerts_in_two_schemas", """
+            for conn_id in ("broker_default", "broker_two"):
+                QueueDisabledSensor(task_id=conn_id, broker_conn_id=conn_id,
+                                    create_notifications=True, poll_interval=0.2, timeout=1,
+                                    soft_fail=True)
+            """):
+        dag_run = run_dag("t_alerts_in_two_schemas")
+    assert task_states(dag_run) == {"broker_default": "skipped", "broker_two": "skipped"}
+    with psycopg.connect(broker_conn) as conn:
+        views = conn.execute(
+            "SELECT table_schema FROM information_schema.views WHERE table_name = %s"
+            " ORDER BY 1", [ALERT_QUEUE]).fetchall()
+    assert views == [("broker",), ("broker_two",)]
 
 
 def test_enable_queue_command(trading: Broker, broker_conn: str,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -11,7 +12,13 @@ import pytest
 from airflow_broker import END_DIALOG, Broker
 from tests.airflow.conftest import RunDag, task_states, xcom
 from tests.airflow.provider import FireAndForgetWarning
+from tests.airflow.test_sensors import dag_file
 from tests.conftest import App
+
+if TYPE_CHECKING:
+    from operators.broker import BrokerDeprecationWarning, EndConversationOperator
+else:
+    from airflow_broker.operators.broker import BrokerDeprecationWarning, EndConversationOperator
 
 
 def rows(dsn: str, query: str) -> list[tuple[object, ...]]:
@@ -77,3 +84,40 @@ def test_receive_callback_failure_rolls_back(run_dag: RunDag, broker_conn: str,
     assert rows(broker_conn, "SELECT count(*) FROM q_i") == [(0,)]
     assert rows(broker_conn, "SELECT consecutive_rollbacks FROM broker.queues"
                              " WHERE name = 'q_t'") == [(1,)]
+
+
+def test_end_conversation_takes_the_engines_parameter_names(run_dag: RunDag, app: App) -> None:
+    """``error`` and ``description``, as ``Transaction.end_conversation`` names them."""
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(handle, "Req", "first")
+    with dag_file("t_end_with_error", f"""
+            EndConversationOperator(task_id="end", conversation_handle="{handle}", error=42,
+                                    description="gave up")
+            """):
+        dag_run = run_dag("t_end_with_error")
+    assert task_states(dag_run) == {"end": "success"}
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t")
+    assert [m.text() for m in received if not m.is_error] == ["first"]
+    (error,) = [m.error() for m in received if m.is_error]
+    assert (error.code, error.description) == (42, "gave up")
+
+
+def test_end_conversation_keeps_the_old_parameter_names_with_a_warning() -> None:
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    with pytest.warns(BrokerDeprecationWarning) as caught:
+        old = EndConversationOperator(task_id="old", conversation_handle="h", error_code=42,
+                                      error_description="gave up")
+    assert [str(w.message) for w in caught] == [
+        "error_code is deprecated: use error, as the engine does",
+        "error_description is deprecated: use description, as the engine does"]
+    assert (old.error, old.description) == (42, "gave up")
+    assert issubclass(BrokerDeprecationWarning, AirflowProviderDeprecationWarning)
+    with pytest.raises(ValueError, match="give only error"):
+        EndConversationOperator(task_id="both", conversation_handle="h", error=1,
+                                error_code=2)
+    with pytest.raises(ValueError, match="exclude each other"):
+        EndConversationOperator(task_id="cleanup", conversation_handle="h", cleanup=True,
+                                description="x")

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,18 @@ def test_airflow_cli_lists_the_installed_provider(installed: tuple[Path, dict[st
         in outputs["notifications"]
 
 
+def test_providers_page_links_to_the_documentation(installed: tuple[Path, dict[str, str]]
+                                                   ) -> None:
+    """Airflow takes documentation-url from the distribution's "Documentation" project URL;
+    without one the Providers page links to airflow.apache.org/docs/airflow-broker/<version>/,
+    which does not exist."""
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    (info,) = run_airflow(installed, ["providers", "get", "airflow-broker", "--full",
+                                      "-o", "json"])
+    assert info["documentation-url"] == urls["Documentation"]
+    assert urls["Documentation"].endswith("/docs/airflow.md")
+
+
 def test_every_example_dag_imports(installed: tuple[Path, dict[str, str]]) -> None:
     python, env = installed
     done = subprocess.run([str(python), "-c", IMPORT_DAGS], env=env, cwd=python.parent,
@@ -134,6 +147,22 @@ def test_connection_form_is_declarative(airflow_db: Path) -> None:
     assert "extra__broker__broker_schema" in widgets
     assert "extra__broker__sslmode" in widgets
     assert behaviours["broker"]["relabeling"] == {"schema": "Database"}
+
+
+def test_ssl_mode_starts_unchosen(airflow_db: Path) -> None:
+    """What the UI's connection form gets (GET /ui/connections/hook_meta): its dropdown
+    preselects the choice equal to the field's value, so None among the choices showed a
+    chosen "null", saved as "sslmode": null. Nothing is chosen now, and the field stays
+    optional (the "null" type)."""
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+
+    (meta,) = [m for m in HookMetaService.hook_meta_data() if m.connection_type == "broker"]
+    assert meta.extra_fields is not None
+    sslmode = meta.extra_fields["sslmode"]
+    assert sslmode["value"] is None and "default" not in sslmode["schema"]
+    assert sslmode["schema"]["enum"] == ["disable", "allow", "prefer", "require", "verify-ca",
+                                         "verify-full"]
+    assert "null" in sslmode["schema"]["type"]
 
 
 def test_message_queue_trigger_resolves_the_broker_scheme() -> None:

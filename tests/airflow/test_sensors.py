@@ -3,12 +3,52 @@ registers as a WAITFOR waiter) and resume when messages arrive."""
 
 from __future__ import annotations
 
-import psycopg
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from tests.airflow.conftest import Background, RunDag, task_states, wait_for, waiters, xcom
+import psycopg
+import pytest
+
+from tests.airflow.conftest import (
+    DAGS_FOLDER,
+    Background,
+    RunDag,
+    task_states,
+    wait_for,
+    waiters,
+    xcom,
+)
 from tests.airflow.helpers import poison, stock_trade_spec
 from tests.airflow.provider import QueueDisabledSensor, apply_spec
 from tests.conftest import App
+
+DAG_HEADER = """\
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_broker.operators import EndConversationOperator
+from airflow_broker.sensors import QueueDisabledSensor, WaitForReceiveSensor
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+         catchup=False):
+"""
+
+
+@contextmanager
+def dag_file(dag_id: str, tasks: str) -> Iterator[None]:
+    """A DAG of one test, written into the DAG folder for as long as the test runs it:
+    dag.test() runs only DAGs that Airflow parsed from there. ``tasks`` is the body of its
+    ``with DAG(...)`` block, which has the sensors and EndConversationOperator at hand."""
+    path = DAGS_FOLDER / f"{dag_id}.py"
+    path.write_text(DAG_HEADER.format(dag_id=dag_id)
+                    + textwrap.indent(textwrap.dedent(tasks).strip() + "\n", "    "))
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def test_waitfor_defers_then_receives_into_the_inbox(run_dag: RunDag, app: App,
@@ -54,3 +94,21 @@ def test_sensors_poke_and_time_out(run_dag: RunDag, app: App, broker_conn: str) 
                                     "times_out": "skipped"}
     assert [m["body"] for m in xcom(dag_run, "poke_receive")] == ["waiting already"]
     assert xcom(dag_run, "poke_disabled")["queue_name"] == "BrokerageQueue"
+
+
+def test_a_deferring_sensor_logs_what_it_waits_for(run_dag: RunDag, app: App,
+                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    """Airflow itself logs only "Pausing task as DEFERRED"."""
+    with app.broker.transaction() as tx:
+        handle = tx.begin_dialog("I", "T", "C")
+    with dag_file("t_logs_its_wait", f"""
+            WaitForReceiveSensor(task_id="wait", queue_name="q_t",
+                                 conversation_handle="{handle}", message_type_names=["Req"],
+                                 timeout=1, soft_fail=True, poll_interval=0.2)
+            """):
+        dag_run = run_dag("t_logs_its_wait")
+    assert task_states(dag_run) == {"wait": "skipped"}
+    out = capfd.readouterr().out
+    assert ("deferring to the triggerer: waiting for messages RECEIVE could take on queue q_t"
+            f" (conversation_handle {handle}; message types Req) until ") in out
+    assert "(timeout 1 s, " in out

@@ -86,7 +86,7 @@ def t_operators() -> None:
                                      to_service_name="T", contract_name="C")
     end_with_error = EndConversationOperator(task_id="end_with_error",
                                              conversation_handle=with_error.output,
-                                             error_code=42, error_description="gave up")
+                                             error=42, description="gave up")
     orphan = BeginDialogOperator(task_id="orphan", from_service_name="I", to_service_name="T",
                                  contract_name="C")
     cleanup = EndConversationOperator(task_id="cleanup", conversation_handle=orphan.output,
