@@ -8,7 +8,9 @@ Spark readers on the brokerage side.
 3. ``brokerage_readers``: a SparkSubmit job of two readers (ActivatedReaderOperator) books each
    trade and acknowledges it in the transaction that received it; the brokerage ends each
    dialog after the account's final trade (the target ends first); invalid trades go to the
-   quarantine table instead of stopping the queue.
+   quarantine table instead of stopping the queue. The handler is
+   ``airflow_broker.trading:book_trade``: Spark's Python workers import it, in processes where
+   Airflow cannot be imported, which is why it does not live in this module.
 4. ``trader_acknowledgements``: the trader side receives the acknowledgements and the EndDialog
    messages and ends its side of each dialog.
 5. ``poison_settlement`` and ``settlement_alert``: a settlement that can never be processed
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import random
 import time
 import uuid
@@ -30,15 +31,19 @@ from typing import TYPE_CHECKING, Any
 
 import pendulum
 from airflow.sdk import Param, chain, dag, get_current_context, task
-from lxml import etree
 from psycopg import sql
 
-from airflow_broker import Message
 from airflow_broker.migrations import install
+from airflow_broker.trading import (
+    BROKERAGE_SERVICE,
+    CONTRACT,
+    TRADE_ACK,
+    TRADE_ENTRY,
+    TRADER_SERVICE,
+)
 from airflow_broker.worker import BrokerWorker
 
 if TYPE_CHECKING:
-    from airflow_broker.reader import ReaderContext
     from hooks.broker import BrokerHook
     from operators.spark import ActivatedReaderOperator
     from sensors.broker import QueueDisabledSensor
@@ -48,34 +53,13 @@ else:
     from airflow_broker.sensors import QueueDisabledSensor
 
 SCHEMA = "broker_demo"
-TRADE_ENTRY = "//Trading/TradeEntry"
-TRADE_ACK = "//Trading/TradeAcknowledgement"
 SETTLEMENT = "//Trading/Settlement"
-TRADER = "//Trading/TraderService"
-BROKERAGE = "//Trading/BrokerageService"
 SYMBOLS = ("MSFT", "ORCL", "IBM", "SAP", "AAPL")
 CONN_ID = "broker_demo"
 
 
 def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
-
-
-def book_trade(message: Message, ctx: ReaderContext) -> None:
-    """The brokerage's handler, run by each Spark reader."""
-    trade = etree.fromstring(message.message_body or b"")
-    quantity = int(trade.findtext("quantity") or "0")
-    if quantity <= 0:
-        raise ValueError(f"trade {trade.get('id')}: quantity {quantity} is not positive")
-    ctx.tx.run(sql.SQL(
-        "INSERT INTO {}.booked_trades (trade_id, account, sequence, symbol, quantity, pid)"
-        " VALUES (%s, %s, %s, %s, %s, %s)").format(sql.Identifier(SCHEMA)),
-        [int(trade.get("id", "0")), trade.get("account"), message.message_sequence_number,
-         trade.findtext("symbol"), quantity, os.getpid()])
-    ctx.send(message.conversation_handle, TRADE_ACK,
-             f'<ack trade="{trade.get("id")}" status="booked"/>')
-    if trade.get("final") == "yes":
-        ctx.end_conversation(message.conversation_handle)
 
 
 def _count(tx: Any, query: str) -> int:
@@ -103,14 +87,13 @@ def build_demo_dag() -> Any:
                     tx.create_message_type(TRADE_ENTRY, "WELL_FORMED_XML")
                     tx.create_message_type(TRADE_ACK, "WELL_FORMED_XML")
                     tx.create_message_type(SETTLEMENT)
-                    tx.create_contract("//Trading/TradeContract",
-                                       {TRADE_ENTRY: "INITIATOR", TRADE_ACK: "TARGET"})
+                    tx.create_contract(CONTRACT, {TRADE_ENTRY: "INITIATOR", TRADE_ACK: "TARGET"})
                     tx.create_contract("//Trading/SettlementContract", {SETTLEMENT: "ANY"})
                     for queue in ("TraderQueue", "BrokerageQueue", "SettlementQueue",
                                   "AirflowBrokerAlertQueue"):
                         tx.create_queue(queue, schema=SCHEMA)
-                    tx.create_service(TRADER, "TraderQueue")
-                    tx.create_service(BROKERAGE, "BrokerageQueue", ["//Trading/TradeContract"])
+                    tx.create_service(TRADER_SERVICE, "TraderQueue")
+                    tx.create_service(BROKERAGE_SERVICE, "BrokerageQueue", [CONTRACT])
                     tx.create_service("//Trading/SettlementService", "SettlementQueue",
                                       ["//Trading/SettlementContract"])
                     tx.create_service(
@@ -138,7 +121,7 @@ def build_demo_dag() -> Any:
             sent = invalid = 0
             with BrokerHook(CONN_ID) as hook, hook.transaction() as tx:
                 for account in range(accounts):
-                    handle = tx.begin_dialog(TRADER, BROKERAGE, "//Trading/TradeContract",
+                    handle = tx.begin_dialog(TRADER_SERVICE, BROKERAGE_SERVICE, CONTRACT,
                                              related_conversation_group=desks[account % len(desks)],
                                              lifetime=3600)
                     bodies = []
@@ -161,7 +144,7 @@ def build_demo_dag() -> Any:
 
         readers = ActivatedReaderOperator(
             task_id="brokerage_readers", broker_conn_id=CONN_ID, queue_name="BrokerageQueue",
-            handler="airflow_broker.demo_dag:book_trade", readers=2, batch_size=50,
+            handler="airflow_broker.trading:book_trade", readers=2, batch_size=50,
             idle_exit=2, poison_strategy="quarantine", conn_id="spark_local")
 
         @task

@@ -89,7 +89,7 @@ def broker_orders() -> None:
         context: Any = get_current_context()
         events = context["triggering_asset_events"][orders]
         confirmed = []
-        with BrokerHook().consume(events) as (tx, messages):
+        with BrokerHook() as hook, hook.consume(events) as (tx, messages):
             for message in messages:
                 if message.message_type_name != ORDER:
                     # EndDialog or Error of a conversation the client gave up.

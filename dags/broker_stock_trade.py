@@ -1,14 +1,22 @@
-"""The stock-trade application's initiator side (the README's first dialog) as a DAG.
+"""The stock-trade application (the README's first dialog) as two DAGs, one per side.
 
-The trader begins a dialog to the brokerage, sends its trade entries, waits (deferred, no
-worker slot held) until the brokerage has acknowledged them and ended its side of the
-conversation, then receives the acknowledgements and the EndDialog and ends its own side. The
-target ends first and the initiator last, as Service Broker's authors recommend: no endpoint
-leaks, and an error from the brokerage would reach the trader.
+* ``broker_stock_trade``, the trader (initiator), triggered by hand: begins a dialog to the
+  brokerage, sends its trade entries (the last one marked ``final="yes"``), waits (deferred, no
+  worker slot held) until the brokerage has acknowledged them and ended its side of the
+  conversation, then receives the acknowledgements and the EndDialog and ends its own side.
+* ``broker_stock_trade_brokerage``, the brokerage (target), continuous: waits (deferred) for
+  trade entries on BrokerageQueue, then receives them and, in the RECEIVE's transaction,
+  acknowledges each one and ends the conversation after the final trade
+  (``airflow_broker.trading.acknowledge_trades``). Unpause it and every trader run completes
+  on its own; a run that finds nothing for a day is skipped and the next one waits again.
 
-The brokerage side is any reader of BrokerageQueue (an activated reader, a Spark job, another
-DAG, ``airflow-broker demo``): for each TradeEntry it sends a TradeAcknowledgement, and after
-the last one it ends the conversation.
+The target ends first and the initiator last, as Service Broker's authors recommend: no
+endpoint leaks, and an error from the brokerage would reach the trader. Both DAGs apply the
+application's catalogue (``airflow_broker.trading.SPEC``) idempotently, so either may run
+first.
+
+``broker_spark_readers`` is the same brokerage as Spark readers, started by event-based
+activation; run one brokerage or the other on BrokerageQueue.
 """
 
 from __future__ import annotations
@@ -20,6 +28,15 @@ import pendulum
 from airflow.sdk import chain, dag
 
 from airflow_broker import END_DIALOG, ERROR, Message, Transaction
+from airflow_broker.trading import (
+    BROKERAGE_SERVICE,
+    CONTRACT,
+    TRADE_ACK,
+    TRADE_ENTRY,
+    TRADER_SERVICE,
+    acknowledge_trades,
+)
+from airflow_broker.trading import SPEC as TRADING_SPEC
 
 if TYPE_CHECKING:
     from operators.broker import (
@@ -40,30 +57,17 @@ else:
 
 log = logging.getLogger(__name__)
 
-TRADE_ENTRY = "//Trading/TradeEntry"
-TRADE_ACK = "//Trading/TradeAcknowledgement"
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
-SPEC: dict[str, Any] = {
-    "message_types": [
-        {"name": TRADE_ENTRY, "validation": "WELL_FORMED_XML"},
-        {"name": TRADE_ACK, "validation": "WELL_FORMED_XML"},
-    ],
-    "contracts": [
-        {"name": "//Trading/TradeContract",
-         "message_types": {TRADE_ENTRY: "INITIATOR", TRADE_ACK: "TARGET"}},
-    ],
-    "queues": [{"name": "TraderQueue"}, {"name": "BrokerageQueue"}],
-    "services": [
-        {"name": "//Trading/TraderService", "queue_name": "TraderQueue"},
-        {"name": "//Trading/BrokerageService", "queue_name": "BrokerageQueue",
-         "contracts": ["//Trading/TradeContract"]},
-    ],
-}
+# Message types WELL_FORMED_XML, //Trading/TradeContract, TraderQueue and BrokerageQueue, and
+# the services //Trading/TraderService and //Trading/BrokerageService.
+SPEC: dict[str, Any] = TRADING_SPEC
 
 TRADES = [
     '<trade id="1"><symbol>MSFT</symbol><side>BUY</side><quantity>100</quantity></trade>',
     '<trade id="2"><symbol>ORCL</symbol><side>SELL</side><quantity>40</quantity></trade>',
-    '<trade id="3"><symbol>IBM</symbol><side>BUY</side><quantity>15</quantity></trade>',
+    '<trade id="3" final="yes"><symbol>IBM</symbol><side>BUY</side><quantity>15</quantity>'
+    "</trade>",
 ]
 
 
@@ -83,7 +87,7 @@ def handle_replies(messages: list[Message], tx: Transaction, context: Any) -> No
 @dag(
     dag_id="broker_stock_trade",
     schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    start_date=START,
     catchup=False,
     tags=["airflow-broker", "example"],
     doc_md=__doc__,
@@ -92,9 +96,9 @@ def broker_stock_trade() -> None:
     setup = BrokerSetupOperator(task_id="setup", spec=SPEC)
     begin = BeginDialogOperator(
         task_id="begin_dialog",
-        from_service_name="//Trading/TraderService",
-        to_service_name="//Trading/BrokerageService",
-        contract_name="//Trading/TradeContract",
+        from_service_name=TRADER_SERVICE,
+        to_service_name=BROKERAGE_SERVICE,
+        contract_name=CONTRACT,
         lifetime=3600,
     )
     sends = [
@@ -121,4 +125,33 @@ def broker_stock_trade() -> None:
     chain(setup, begin, *sends, brokerage_done, receive)
 
 
+@dag(
+    dag_id="broker_stock_trade_brokerage",
+    schedule="@continuous",
+    max_active_runs=1,
+    start_date=START,
+    catchup=False,
+    tags=["airflow-broker", "example"],
+    doc_md=__doc__,
+)
+def broker_stock_trade_brokerage() -> None:
+    setup = BrokerSetupOperator(task_id="setup", spec=SPEC)
+    trades = WaitForReceiveSensor(
+        task_id="wait_for_trades",
+        queue_name="BrokerageQueue",
+        timeout=24 * 3600,
+        soft_fail=True,
+    )
+    # RECEIVE, the acknowledgements and END CONVERSATION commit together, one conversation
+    # group per transaction: a failure rolls the batch back onto the queue, never half done.
+    acknowledge = ReceiveMessagesOperator(
+        task_id="acknowledge_trades",
+        queue_name="BrokerageQueue",
+        callback=acknowledge_trades,
+        until_empty=True,
+    )
+    chain(setup, trades, acknowledge)
+
+
 broker_stock_trade()
+broker_stock_trade_brokerage()

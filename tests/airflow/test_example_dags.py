@@ -1,59 +1,76 @@
-"""The example DAGs of dags/ through dag.test(): the stock-trade initiator against a brokerage
-played by this test, the order client against an order service played by this test, and the
-maintenance DAG (worker pass, doctor, leak report, inbox purge)."""
+"""The example DAGs of dags/ through dag.test(): the stock-trade trader against the shipped
+brokerage DAG, the Spark readers' setup and its activation, the Spark readers themselves (slow),
+the order client against an order service played by this test, the maintenance DAG (worker
+pass, doctor, leak report, inbox purge), and every example closing the hooks it opens."""
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from airflow_broker import Broker
-from tests.airflow.conftest import Background, RunDag, task_states, wait_for, waiters, xcom
-from tests.airflow.helpers import stock_trade_spec
+from airflow_broker.events import EventInstance
+from airflow_broker.worker import BrokerWorker
+from tests.airflow.conftest import (
+    DAGS_FOLDER,
+    ROOT,
+    Background,
+    RunDag,
+    task_states,
+    wait_for,
+    waiters,
+    xcom,
+)
+from tests.airflow.helpers import example_module, stock_trade_spec
 from tests.airflow.provider import BrokerHook, apply_spec
 
-TRADE_ACK = "//Trading/TradeAcknowledgement"
+RUN_TRADER = f"""
+import sys
+from airflow.dag_processing.dagbag import DagBag
+
+dag = DagBag({str(DAGS_FOLDER / "broker_stock_trade.py")!r}).get_dag("broker_stock_trade")
+sys.exit(0 if str(dag.test().state) == "success" else 1)
+"""
 
 
-def brokerage(broker: Broker, dsn: str, stop: threading.Event) -> None:
-    """The target side: once the trader waits for it, it acknowledges every trade entry and
-    then ends the conversation (the target ends first)."""
-    wait_for(lambda: waiters(dsn, "TraderQueue") > 0 or stop.is_set(), "the trader's sensor")
-    acknowledged = 0
-    while acknowledged < 3 and not stop.is_set():
-        with broker.transaction() as tx:
-            for message in tx.receive("BrokerageQueue", waitfor=True, timeout=0.5):
-                trade = message.xml()
-                assert trade is not None
-                tx.send(message.conversation_handle, TRADE_ACK,
-                        f'<ack trade="{trade.get("id")}"/>')
-                acknowledged += 1
-                if acknowledged == 3:
-                    tx.end_conversation(message.conversation_handle)
-
-
-def test_stock_trade_initiator(run_dag: RunDag, broker_conn: str) -> None:
-    broker = Broker(broker_conn, poll_interval=0.2)
-    with broker.transaction() as tx:
-        apply_spec(tx, stock_trade_spec())
-    stop = threading.Event()
-    target = Background(lambda: brokerage(broker, broker_conn, stop))
-    target.start()
+def test_stock_trade_completes_with_the_shipped_brokerage(
+        run_dag: RunDag, broker_conn: str, scratch: Path) -> None:
+    """Both sides of the example and nothing else: the trader runs in a process of its own
+    (dag.test() runs one DAG at a time) and waits, deferred, for the brokerage DAG."""
+    log_path = scratch / "trader.log"
+    with log_path.open("w") as log:
+        trader = subprocess.Popen([sys.executable, "-c", RUN_TRADER], stdout=log,
+                                  stderr=subprocess.STDOUT, env=os.environ.copy())
     try:
-        dag_run = run_dag("broker_stock_trade")
+        # Once the trader waits for the brokerage, all its trades are on BrokerageQueue.
+        wait_for(lambda: waiters(broker_conn, "TraderQueue") > 0, "the trader's sensor",
+                 alive=lambda: trader.poll() is None)
+        brokerage_run = run_dag("broker_stock_trade_brokerage")
+        assert trader.wait(timeout=120) == 0, log_path.read_text()[-4000:]
     finally:
-        stop.set()
-        target.join()
-        broker.close()
-    states = task_states(dag_run)
-    assert set(states.values()) == {"success"}, states
-    assert xcom(dag_run, "setup")["created"] == []  # the test created them; setup is idempotent
-    replies = xcom(dag_run, "receive_acknowledgements")
-    assert [m["body"] for m in replies[:3]] == [f'<ack trade="{n}"/>' for n in (1, 2, 3)]
+        if trader.poll() is None:
+            trader.kill()
+            trader.wait()
+    assert set(task_states(brokerage_run).values()) == {"success"}, task_states(brokerage_run)
+    assert xcom(brokerage_run, "setup")["created"] == []  # the trader's setup made them
+    received = xcom(brokerage_run, "acknowledge_trades")
+    assert [m["message_type_name"] for m in received] == ["//Trading/TradeEntry"] * 3
+
+    trader_run = latest_run("broker_stock_trade")
+    assert set(task_states(trader_run).values()) == {"success"}, task_states(trader_run)
+    replies = xcom(trader_run, "receive_acknowledgements")
+    assert [m["body"] for m in replies[:3]] == [
+        f'<ack trade="{n}" status="booked"/>' for n in (1, 2, 3)]
     assert replies[-1]["message_type_name"].endswith("/EndDialog")
     with psycopg.connect(broker_conn) as conn:
         endpoints = conn.execute(
@@ -62,6 +79,18 @@ def test_stock_trade_initiator(run_dag: RunDag, broker_conn: str) -> None:
     # The initiator is gone; the target waits, CLOSED, for reclaim; nothing leaked.
     assert endpoints == [(False, "CD")]
     assert leaks == (0,)
+
+
+def latest_run(dag_id: str) -> Any:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        runs = DagRun.find(dag_id=dag_id, session=session)
+        assert runs, f"no run of {dag_id}"
+        run = max(runs, key=lambda r: r.id)
+        session.expunge(run)
+        return run
 
 
 def test_maintenance(run_dag: RunDag, broker_conn: str) -> None:
@@ -151,3 +180,87 @@ def test_order_client(run_dag: RunDag, broker_conn: str) -> None:
         endpoints = conn.execute(
             "SELECT is_initiator, state FROM broker.conversation_endpoints").fetchall()
     assert endpoints == [(False, "CD")]  # the client ended last; no leak
+
+
+def send_trades(broker: Broker) -> None:
+    """A trader's dialog, as broker_stock_trade sends it."""
+    trades = example_trades()
+    with broker.transaction() as tx:
+        handle = tx.begin_dialog("//Trading/TraderService", "//Trading/BrokerageService",
+                                 "//Trading/TradeContract", lifetime=3600)
+        tx.send_many(handle, "//Trading/TradeEntry", trades)
+
+
+def example_trades() -> list[str]:
+    trades: list[str] = example_module("broker_stock_trade").TRADES
+    return trades
+
+
+def activation_pass(broker: Broker) -> None:
+    """One pass of `airflow-broker worker`, whose queue monitors send QUEUE_ACTIVATION."""
+    worker = BrokerWorker(broker, transport=False)
+    try:
+        worker.run_once()
+    finally:
+        assert worker.activation is not None
+        worker.activation.close()
+
+
+def test_spark_readers_setup_makes_trades_activate_the_readers(
+        run_dag: RunDag, broker_conn: str) -> None:
+    setup = run_dag("broker_spark_readers_setup")
+    assert task_states(setup) == {"setup": "success"}
+    assert "event notification activate_brokerage_readers on BrokerageQueue" in xcom(
+        setup, "setup")["created"]
+    with Broker(broker_conn) as broker:
+        activation_pass(broker)
+        with broker.transaction() as tx:
+            assert tx.receive("BrokerageActivationQueue") == []  # nothing to read yet
+        send_trades(broker)
+        activation_pass(broker)
+        with broker.transaction() as tx:
+            notifications = tx.receive("BrokerageActivationQueue")
+    # What the broker_spark_readers DAG's AssetWatcher turns into a DAG run.
+    events = [EventInstance.from_message(m) for m in notifications]
+    assert [(e.event_type, e.object_name) for e in events] == [
+        ("QUEUE_ACTIVATION", "BrokerageQueue")]
+
+
+@pytest.mark.slow
+def test_spark_readers_are_the_brokerage(run_dag: RunDag, broker_conn: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL",
+                       json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    assert task_states(run_dag("broker_spark_readers_setup")) == {"setup": "success"}
+    with Broker(broker_conn) as broker:
+        send_trades(broker)
+    dag_run = run_dag("broker_spark_readers")
+    assert set(task_states(dag_run).values()) == {"success"}, task_states(dag_run)
+    summary = xcom(dag_run, "brokerage_readers")
+    assert (summary["processed"], summary["replied"], summary["ended"],
+            summary["quarantined"]) == (3, 3, 1, 0)
+    with Broker(broker_conn) as broker, broker.transaction() as tx:
+        replies = tx.receive("TraderQueue")
+    assert [m.text() for m in replies[:3]] == [
+        f'<ack trade="{n}" status="booked"/>' for n in (1, 2, 3)]
+    assert replies[-1].is_end_dialog
+
+
+# Where the examples open hooks: the DAG files and the demo's modules.
+EXAMPLE_SOURCES = [*sorted((ROOT / "dags").glob("*.py")),
+                   *(ROOT / "airflow_broker" / name
+                     for name in ("demo_dag.py", "airflow_demo.py", "demo.py"))]
+
+
+@pytest.mark.parametrize("path", EXAMPLE_SOURCES, ids=lambda p: p.name)
+def test_examples_close_their_hooks(path: Path) -> None:
+    """A hook that is never closed leaves its connection pool to the garbage collector, which
+    logs "Exception ignored in: ConnectionPool.__del__" into the task's log; users copy the
+    examples, so each one opens its hooks in a with statement."""
+    tree = ast.parse(path.read_text(), str(path))
+    managed = {id(item.context_expr) for node in ast.walk(tree)
+               if isinstance(node, ast.With | ast.AsyncWith) for item in node.items}
+    unclosed = [node.lineno for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("BrokerHook", "Broker") and id(node) not in managed]
+    assert unclosed == [], f"{path.name}: hooks opened outside a with statement at {unclosed}"

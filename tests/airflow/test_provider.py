@@ -123,7 +123,8 @@ def test_every_example_dag_imports(installed: tuple[Path, dict[str, str]]) -> No
     assert result["dags"] == sorted([
         "broker_enable_queue", "broker_maintenance", "broker_orders", "broker_orders_client",
         "broker_orders_setup", "broker_queue_alerts", "broker_spark_readers",
-        "broker_stock_trade", "broker_trading_demo"])
+        "broker_spark_readers_setup", "broker_stock_trade", "broker_stock_trade_brokerage",
+        "broker_trading_demo"])
 
 
 def test_provider_info_matches_the_runtime_schema() -> None:
