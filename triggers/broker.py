@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Hashable, Sequence
@@ -41,6 +42,10 @@ else:
     from airflow_broker.hooks.broker import INBOX_COLUMNS, BrokerHook, inbox_row_to_dict
 
 AsyncConn = psycopg.AsyncConnection[Any]
+
+# A watcher's message that no DAG run has consumed this long after its event was stored is
+# handed out again (then after twice as long, and so on, up to an hour).
+DEFAULT_REDELIVER_AFTER = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +374,9 @@ class BrokerStreamProducer(SharedStreamProducer):
         self.one_run_per_message = bool(kwargs.get("one_run_per_message"))
         ack_timeout = kwargs.get("ack_timeout")
         self.ack_timeout = None if ack_timeout is None else float(ack_timeout)
+        redeliver_after = kwargs.get("redeliver_after", DEFAULT_REDELIVER_AFTER)
+        self.redeliver_after = None if redeliver_after is None else float(redeliver_after)
+        self._next_stale_check = 0.0
         self._hook = BrokerHook(self.broker_conn_id)
         self._conn: AsyncConn | None = None
         self._settle_conn: AsyncConn | None = None
@@ -400,6 +408,29 @@ class BrokerStreamProducer(SharedStreamProducer):
     async def _reclaim(self) -> list[dict[str, Any]]:
         return await self._rows(sql.SQL("SELECT {} FROM {}.airflow_reclaim(%s)").format(
             self._columns(), sql.Identifier(self._schema)), [self.consumer])
+
+    async def _stale(self) -> list[dict[str, Any]]:
+        """A delivered message no DAG run has consumed in ``redeliver_after`` seconds (doubling
+        with each time), handed out again."""
+        if self.redeliver_after is None or time.monotonic() < self._next_stale_check:
+            return []
+        self._next_stale_check = time.monotonic() + min(self.poll_interval,
+                                                        self.redeliver_after)
+        assert self._conn is not None
+        async with self._conn.transaction():
+            cursor = await self._conn.execute(sql.SQL(
+                "SELECT {}, redeliveries FROM {}.airflow_redeliver(%s, %s)").format(
+                    self._columns(), sql.Identifier(self._schema)),
+                [self.consumer, self.redeliver_after])
+            rows = await cursor.fetchall()
+        batch = []
+        for row in rows:
+            payload = inbox_row_to_dict(row[:-1])
+            log.warning("message %s of %s: no DAG run has consumed it since its event was "
+                        "stored; handing it out again (time %d)", payload["message_id"],
+                        self.queue_name, row[-1])
+            batch.append(payload)
+        return batch
 
     async def _fetch(self, inbox_id: int) -> list[dict[str, Any]]:
         return await self._rows(sql.SQL(
@@ -468,10 +499,12 @@ class BrokerStreamProducer(SharedStreamProducer):
     async def _next_batch(self, check_orphans: bool) -> list[dict[str, Any]]:
         if self._redeliver:
             return await self._fetch(self._redeliver.popleft())
+        batch = (await self._reclaim() if check_orphans else []) or await self._stale()
+        if batch:
+            return batch
         if self.one_run_per_message and (self._in_flight or await self._awaiting_ack()):
             return []  # the DAG run of the previous message has not acknowledged it yet
-        batch = await self._reclaim() if check_orphans else []
-        return batch or await self._claim(1 if self.one_run_per_message else self.batch_size)
+        return await self._claim(1 if self.one_run_per_message else self.batch_size)
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         check_orphans = True
@@ -560,6 +593,11 @@ class BrokerMessageTrigger(BaseEventTrigger):
         without it, Airflow may fold messages that arrive close together into one DAG run
     :param ack_timeout: with ``one_run_per_message``, seconds after which an unacknowledged
         message no longer holds back the next (None: wait for the acknowledgement)
+    :param redeliver_after: seconds after which a message whose event no DAG run has consumed
+        is handed out again as a new event, then after twice as long, up to an hour (None:
+        never). Airflow stores an event that arrives while the scheduler creates the previous
+        event's run without starting a run for it; without a new event such a message would
+        wait for the next message to arrive. A run that failed for good is started again so.
     """
 
     def __init__(
@@ -572,6 +610,7 @@ class BrokerMessageTrigger(BaseEventTrigger):
         poll_interval: float = 5.0,
         one_run_per_message: bool = False,
         ack_timeout: float | None = None,
+        redeliver_after: float | None = DEFAULT_REDELIVER_AFTER,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.queue_name = queue_name
@@ -581,6 +620,7 @@ class BrokerMessageTrigger(BaseEventTrigger):
         self.poll_interval = float(poll_interval)
         self.one_run_per_message = one_run_per_message
         self.ack_timeout = ack_timeout
+        self.redeliver_after = redeliver_after
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -591,6 +631,7 @@ class BrokerMessageTrigger(BaseEventTrigger):
             "poll_interval": self.poll_interval,
             "one_run_per_message": self.one_run_per_message,
             "ack_timeout": self.ack_timeout,
+            "redeliver_after": self.redeliver_after,
         })
 
     def shared_stream_key(self) -> Hashable | None:

@@ -274,6 +274,43 @@ def test_a_burst_folded_into_one_run_is_consumed_exactly_once(app: App,
     assert ended == [(20,)]
 
 
+def test_a_delivered_message_no_run_consumed_is_handed_out_again(app: App,
+                                                                  broker_conn: str) -> None:
+    """Airflow can store an event and start no run for it; a run can fail for good. The
+    message is handed out again as a new event, each time later than the last; one a run
+    consumed meanwhile is never handed out again."""
+    send(app.broker, app.dialog(), "stranded")
+    send(app.broker, app.dialog(), "consumed")
+
+    async def scenario() -> None:
+        stream = producer(redeliver_after=0.3)
+        events = stream_of(stream)
+        try:
+            stranded, stranded_id = await anext(events)
+            consumed, consumed_id = await anext(events)
+            await stream.advance([AdvanceItem(stranded_id, clean()),
+                                  AdvanceItem(consumed_id, clean())])
+            await asyncio.to_thread(consume_all, [consumed])
+            for _ in range(2):  # after 0.3 s, then after 0.6 s, with no new message
+                again, again_id = await anext(events)
+                assert (again_id, again["body"]) == (stranded_id, "stranded")
+                await stream.advance([AdvanceItem(again_id, clean())])
+            await asyncio.to_thread(consume_all, [stranded])
+        finally:
+            await events.aclose()
+            await stream.aclose()
+
+    asyncio.run(scenario())
+    assert [state for _, state in inbox(broker_conn)] == ["consumed", "consumed"]
+    assert rows(broker_conn, "SELECT redeliveries FROM broker.airflow_inbox"
+                             " ORDER BY inbox_id") == [(2,), (0,)]
+
+
+def consume_all(payloads: list[dict[str, Any]]) -> None:
+    with BrokerHook() as hook, hook.consume(payloads):
+        pass
+
+
 def test_consume_refuses_messages_that_are_not_in_the_inbox(app: App,
                                                             broker_conn: str) -> None:
     handle = app.dialog()

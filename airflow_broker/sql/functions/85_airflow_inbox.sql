@@ -193,6 +193,40 @@ BEGIN
 END
 $$;
 
+-- Delivered rows of a watcher that no DAG run has consumed p_after seconds after they were
+-- (last) handed out, that interval doubling with each time (up to an hour). Airflow stores an
+-- asset event arriving while the scheduler creates the previous event's run without starting a
+-- run for it, so a burst can end with messages whose events no run will ever see; a run that
+-- failed for good leaves its messages behind too. The oldest such row is handed out again (one
+-- new event starts a run, and Airflow gives that run every event stored since the previous
+-- one), as 'claimed' by this session like a new message; consume() skips whatever an earlier
+-- run took meanwhile. A row a consume() holds is skipped. Nothing is ever dropped: an Airflow
+-- that is down for a while must not turn messages into dead letters.
+CREATE OR REPLACE FUNCTION airflow_redeliver(p_consumer text, p_after double precision)
+RETURNS SETOF airflow_inbox LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_pid integer := pg_backend_pid();
+    v_started timestamptz;
+BEGIN
+    SELECT a.backend_start INTO v_started FROM pg_stat_activity a WHERE a.pid = v_pid;
+    RETURN QUERY
+    WITH stale AS (
+        SELECT i.inbox_id FROM airflow_inbox i
+         WHERE i.consumer = p_consumer AND i.state = 'delivered'
+           AND i.delivered_at < utc_now() - make_interval(
+                   secs => least(p_after * 2 ^ least(i.redeliveries, 20), 3600))
+         ORDER BY i.inbox_id
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED)
+    UPDATE airflow_inbox i
+       SET state = 'claimed', redeliveries = i.redeliveries + 1,
+           holder_pid = v_pid, holder_started = v_started
+      FROM stale
+     WHERE i.inbox_id = stale.inbox_id
+    RETURNING i.*;
+END
+$$;
+
 -- Moves rows of a consumer on: 'delivered' (handed over, waiting for a DAG run to consume
 -- them), 'rejected' (dead letter) or 'acked' (done: the rows are deleted). NULL ids: every row
 -- of the consumer. A row a DAG run has consumed already stays consumed: a watcher's
