@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-airflow clean
 
 demo: $(STAMP)
 	$(BIN)/airflow-broker demo
@@ -18,6 +18,10 @@ test: $(STAMP)
 # Benchmarks side by side with pgmq (about 15 minutes); BENCH_ARGS=--quick for a smoke run.
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# From a SEND's commit to DAG code in a real Airflow deployment (about 5 minutes).
+bench-airflow: $(STAMP)
+	$(BIN)/python -m bench.airflow_latency $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
