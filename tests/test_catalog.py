@@ -435,22 +435,25 @@ HOSTILE = [
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_names_are_names(broker: Broker, name: str) -> None:
-    """Quotes and SQL fragments are stored literally and never executed."""
+    """Quotes and SQL fragments are stored literally and never executed. (A queue name may not
+    hold a period, which separates a schema from a queue: the queue's name has none.)"""
+    queue = name.replace(".", "_")
     with broker.transaction() as tx:
         tx.create_message_type(name)
         tx.create_contract(name, {name: "ANY"})
-        tx.create_queue(name)
-        tx.create_service(name, name, [name])
+        tx.create_queue(queue)
+        tx.create_service(name, queue, [name])
         handle = tx.begin_dialog(name, name, name)
         tx.send(handle, name, b"payload")
     with broker.transaction() as tx:
-        (message,) = tx.receive(name)
+        (message,) = tx.receive(queue)
     assert (message.message_type_name, message.service_name) == (name, name)
     assert count(broker, "SELECT count(*) FROM broker.queues") == 1
     with psycopg.connect(broker.dsn) as conn:
         from psycopg import sql
 
-        view = conn.execute(sql.SQL("SELECT count(*) FROM public.{}").format(sql.Identifier(name)))
+        view = conn.execute(sql.SQL("SELECT count(*) FROM public.{}").format(
+            sql.Identifier(queue)))
         assert view.fetchone() == (0,)
 
 
@@ -488,4 +491,43 @@ def test_bad_catalog_input_changes_nothing(app: App, statement, number: int) -> 
         statement(tx)
     assert exc.value.number == number
     assert str(exc.value).startswith(f"Msg {number}: ")
+    assert snapshot(app.broker) == before
+
+
+def test_queue_names_longer_than_an_identifier_get_views_of_their_own(app: App) -> None:
+    """PostgreSQL cuts identifiers at 63 bytes; two 100-character names that differ only at
+    the end are two queues with two views (they collided with a misleading Msg 2714)."""
+    names = ["Q" * 99 + "1", "Q" * 99 + "2", "Ü" * 40]  # the last: 80 bytes in UTF-8
+    with app.broker.transaction() as tx:
+        for name in names:
+            tx.create_queue(name)
+            tx.create_service(f"//S/{name}", name, ["C"])
+    for name in names:
+        with app.broker.transaction() as tx:
+            tx.send(tx.begin_dialog("I", f"//S/{name}", "C"), "Req", name)
+    views = []
+    with psycopg.connect(app.broker.dsn) as conn:
+        for name in names:
+            row = conn.execute("SELECT broker.queue_view_name(%s)", [name]).fetchone()
+            assert row is not None
+            view = str(row[0])
+            assert len(view.encode()) <= 63
+            body = conn.execute(
+                f"SELECT convert_from(message_body, 'UTF8') FROM public.\"{view}\"").fetchone()
+            assert body == (name,)
+            views.append(view)
+    assert len(set(views)) == 3
+    for name in names:
+        with app.broker.transaction() as tx:
+            (message,) = tx.receive(name)
+            assert message.text() == name
+
+
+def test_a_queue_name_with_a_period_is_refused(app: App) -> None:
+    """"public.HTarget" names queue HTarget in schema public: a queue of that name could not
+    be told from it."""
+    before = snapshot(app.broker)
+    with pytest.raises(BrokerError) as refused, app.broker.transaction() as tx:
+        tx.create_queue("public.HTarget")
+    assert refused.value.number == 50121
     assert snapshot(app.broker) == before

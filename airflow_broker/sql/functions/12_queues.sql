@@ -45,6 +45,25 @@ BEGIN
 END
 $$;
 
+-- The name of a queue's view. PostgreSQL cuts identifiers at 63 bytes, and queue names may
+-- have 128 characters: a name that does not fit keeps its first bytes and gets a hash of the
+-- whole name, so two names that differ only after byte 63 get two views. Names that fit are
+-- used as they are (public."BrokerageQueue").
+CREATE OR REPLACE FUNCTION queue_view_name(p_name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_head text := p_name;
+BEGIN
+    IF octet_length(p_name) <= 63 THEN
+        RETURN p_name;
+    END IF;
+    WHILE octet_length(v_head) > 54 LOOP
+        v_head := left(v_head, -1);
+    END LOOP;
+    RETURN v_head || '_' || left(md5(p_name), 8);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION create_queue_view(p_queue_id integer)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -66,12 +85,12 @@ BEGIN
           JOIN %I.contracts c ON c.service_contract_id = m.service_contract_id
           JOIN %I.message_types t ON t.message_type_id = m.message_type_id
          WHERE m.queue_id = %s$v$,
-        q.schema_name, q.name, current_schema(), current_schema(), current_schema(),
-        current_schema(), p_queue_id);
+        q.schema_name, queue_view_name(q.name), current_schema(), current_schema(),
+        current_schema(), current_schema(), p_queue_id);
     EXECUTE format('CREATE TRIGGER reject_dml INSTEAD OF INSERT OR UPDATE OR DELETE ON %I.%I '
                    'FOR EACH ROW EXECUTE FUNCTION %I.reject_queue_dml()',
-                   q.schema_name, q.name, current_schema());
-    EXECUTE format('COMMENT ON VIEW %I.%I IS %L', q.schema_name, q.name,
+                   q.schema_name, queue_view_name(q.name), current_schema());
+    EXECUTE format('COMMENT ON VIEW %I.%I IS %L', q.schema_name, queue_view_name(q.name),
                    'Service Broker queue ' || q.name || ' (read-only; use RECEIVE)');
 END
 $$;
@@ -126,13 +145,18 @@ BEGIN
     IF left(p_name, 1) = '#' THEN
         PERFORM raise_error(102, p_name);
     END IF;
+    IF position('.' IN p_name) > 0 THEN
+        -- A statement naming "a.b" means queue b in schema a: a queue named so could never
+        -- be told from it.
+        PERFORM raise_error(50121, p_name);
+    END IF;
     IF p_status IS NULL OR p_retention IS NULL OR p_poison_message_handling IS NULL THEN
         PERFORM raise_error(50106, 'NULL', 'STATUS, RETENTION or POISON_MESSAGE_HANDLING',
                             'ON or OFF');
     END IF;
     PERFORM check_activation(coalesce(p_activation_status, v_has_activation), p_max_queue_readers);
     IF EXISTS (SELECT 1 FROM queues WHERE schema_name = p_schema AND name = p_name)
-       OR to_regclass(format('%I.%I', p_schema, p_name)) IS NOT NULL THEN
+       OR to_regclass(format('%I.%I', p_schema, queue_view_name(p_name))) IS NOT NULL THEN
         PERFORM raise_error(2714, p_schema || '.' || p_name);
     END IF;
     IF to_regnamespace(format('%I', p_schema)) IS NULL THEN
@@ -223,7 +247,7 @@ BEGIN
     IF v_service IS NOT NULL THEN
         PERFORM raise_error(3729, 'QUEUE', p_name, 'service', v_service);
     END IF;
-    EXECUTE format('DROP VIEW IF EXISTS %I.%I', q.schema_name, q.name);
+    EXECUTE format('DROP VIEW IF EXISTS %I.%I', q.schema_name, queue_view_name(q.name));
     DELETE FROM queue_messages WHERE queue_id = q.object_id;
     DELETE FROM queues WHERE object_id = q.object_id;
     EXECUTE format('DROP SEQUENCE IF EXISTS %s, %s', q.receive_counter, q.empty_receive_counter);
