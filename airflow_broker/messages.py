@@ -19,6 +19,11 @@ EVENT_NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/EventNotifi
 DEFAULT = "DEFAULT"
 
 
+# The largest body SEND accepts (64 MiB); the SQL function max_message_size() is the authority
+# and says why.
+MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+
+
 def decode_body(body: bytes | None) -> str | None:
     """Text of a body: UTF-16 when it starts with a byte-order mark (as broker-generated XML
     does), UTF-8 otherwise."""

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from airflow_broker.messages import decode_body
+from airflow_broker.errors import BrokerError
+from airflow_broker.messages import MAX_MESSAGE_SIZE, decode_body
 
 # Bodies: no entity is expanded and nothing is loaded from outside. huge_tree lifts libxml2's
 # 10 MB limit on a single text node, which refused valid bodies as -9615: the size of a body
@@ -111,6 +112,10 @@ def verdict(info: MessageTypeInfo, body: bytes | None) -> str | None:
     """The reason the target would reject the body (None when it would accept it)."""
     if body is None or info.validation_kind not in ("WELL_FORMED_XML", "VALID_XML"):
         return None
+    if len(body) > MAX_MESSAGE_SIZE:
+        # Refused before lxml spends time and memory on it; SEND would refuse it anyway.
+        raise BrokerError(50122, f"The message body of {len(body)} bytes is larger than the "
+                                 f"maximum message size of {MAX_MESSAGE_SIZE} bytes.")
     if info.validation_kind == "WELL_FORMED_XML":
         return well_formed_error(body)
     return schema_error(body, info.schemas)

@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from airflow_broker import ERROR, Broker, BrokerError
+from airflow_broker.messages import MAX_MESSAGE_SIZE
 from tests.conftest import App
 from tests.helpers import count, endpoint, snapshot
 
@@ -531,3 +532,25 @@ def test_a_queue_name_with_a_period_is_refused(app: App) -> None:
         tx.create_queue("public.HTarget")
     assert refused.value.number == 50121
     assert snapshot(app.broker) == before
+
+
+@pytest.mark.parametrize("message_type", ["Req", "Xml"])
+def test_a_body_over_the_maximum_message_size_is_refused(validating_app: App,
+                                                         message_type: str) -> None:
+    """One body too large for RECEIVE to return made every RECEIVE on its queue fail; SEND
+    refuses it (50122) and changes nothing, alone or in a batch."""
+    handle = validating_app.dialog("V")
+    too_large = b"<a>" + b"x" * MAX_MESSAGE_SIZE + b"</a>"
+    before = snapshot(validating_app.broker)
+    for batch in (False, True):
+        with pytest.raises(BrokerError) as refused, validating_app.broker.transaction() as tx:
+            if batch:
+                tx.send_many(handle, message_type, [b"<a/>", too_large])
+            else:
+                tx.send(handle, message_type, too_large)
+        assert refused.value.number == 50122
+        assert snapshot(validating_app.broker) == before
+    with psycopg.connect(validating_app.broker.dsn) as conn, pytest.raises(
+            psycopg.Error, match="Msg 50122"):
+        conn.execute("SELECT broker.send(ARRAY[%s]::uuid[], 'Req', %s::bytea)",
+                     [handle, too_large])

@@ -107,6 +107,7 @@ INSERT INTO error_messages (error_number, text) VALUES
     (50110, 'The event type ''%s'' is not valid for an event notification ON QUEUE; use QUEUE_ACTIVATION or BROKER_QUEUE_DISABLED.'),
     (50111, 'The quarantined message %s cannot be replayed or discarded: it is already %s.'),
     (50112, 'The quarantined message %s cannot be replayed: its conversation %s can no longer receive (endpoint state %s).'),
+    (50122, 'The message body of %s bytes is larger than the maximum message size of %s bytes.'),
     (50121, 'The queue name ''%s'' contains a period, which separates a schema from a queue name; choose a name without one.'),
     (50120, 'These messages are not in the Airflow inbox: %s. They were acknowledged (BrokerHook.ack), purged, or come from another broker; nothing was consumed.'),
     (50108, 'The message type ''%s'' requires well-formed XML and this body cannot be parsed by this PostgreSQL server (built without XML support, or a UTF-16 body); send this message type through the airflow_broker Python API, which checks the body itself.')
@@ -128,6 +129,13 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'SB000', MESSAGE = format('Msg %s: %s', p_number, v_text);
 END
 $$;
+
+-- The largest message body SEND accepts: 64 MiB. A RECEIVE returns bodies as text through
+-- PostgreSQL's 1 GB limit for one value (hex: two characters a byte), and a backend needs 7 to 12
+-- times a body's size while it moves through SEND and RECEIVE: a body of about 520 MB made every
+-- RECEIVE on its queue fail. airflow_broker.messages.MAX_MESSAGE_SIZE is the same number.
+CREATE OR REPLACE FUNCTION max_message_size() RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT 67108864::bigint $$;
 
 -- Names of broker objects: present, at most 128 characters, never interpreted as SQL.
 CREATE OR REPLACE FUNCTION check_name(p_name text, p_max integer DEFAULT 128)

@@ -243,6 +243,9 @@ BEGIN
     IF p_body IS NULL AND NOT coalesce(p_body_omitted, false) THEN
         PERFORM raise_error(8433);
     END IF;
+    IF octet_length(v_body) > max_message_size() THEN
+        PERFORM raise_error(50122, octet_length(v_body)::text, max_message_size()::text);
+    END IF;
     -- The target's verdict on the body does not depend on which conversation carries it.
     v_reject := body_rejection(v_type, v_body, p_checked_as, p_xml_error);
 
@@ -387,6 +390,10 @@ BEGIN
     IF v_count = 0 THEN
         RETURN;
     END IF;
+    -- send() checks the first body; the others go in one INSERT below.
+    PERFORM raise_error(50122, octet_length(b)::text, max_message_size()::text)
+       FROM unnest(p_bodies[2:]) b
+      WHERE octet_length(b) > max_message_size();
     PERFORM send(ARRAY[p_handle], p_message_type, p_bodies[1], p_bodies[1] IS NULL,
                  p_checked_as, p_xml_errors[1]);
     IF v_count = 1 THEN
