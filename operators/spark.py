@@ -42,7 +42,8 @@ class ActivatedReaderOperator(SparkSubmitOperator):
 
     :param queue_name: the queue to read
     :param handler: ``package.module:function``, called per message (or per batch with
-        ``batch=True``); it must be importable where the Spark tasks run
+        ``batch=True``); it must be importable where the Spark tasks run, and must not
+        import Airflow (Airflow forbids its database to a task's child processes)
     :param readers: parallel readers (default: the queue's MAX_QUEUE_READERS)
     :param poison_strategy: retry, quarantine, end_conversation, disable or timer_retry
     :param timer_retry_delay: seconds before a timer_retry retries a parked message
