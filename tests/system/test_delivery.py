@@ -106,9 +106,8 @@ def assert_exactly_once(api: AirflowApi, deployment: Deployment, dsn: str, dag_i
 @pytest.mark.parametrize(("dag_id", "queue", "burst"), [
     # Runs take whatever events arrived meanwhile.
     ("s_burst", "SystemBurstQueue", BURST),
-    # one_run_per_message: a DAG run after another, about 2.5 s each here; 200 took 8 minutes
-    # and passed as well, too long for every test run.
-    ("s_each", "SystemEachQueue", 50),
+    # one_run_per_message: a DAG run after another, about 2 s each here (7 minutes in all).
+    ("s_each", "SystemEachQueue", BURST),
 ])
 def test_a_burst_is_processed_exactly_once(airflow_api: AirflowApi,
                                            airflow_deployment: Deployment, events_app: Broker,
