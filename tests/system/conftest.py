@@ -205,6 +205,11 @@ def deployment_env(home: Path, project: InstalledProject, databases: SystemDatab
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USERNAME}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # Recovery after a component is killed, as docs/airflow.md recommends: a task whose
+        # process died is failed (and retried) after a minute without heartbeat, and tasks
+        # queued by a dead scheduler are reset within half a minute, not five.
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+        "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "30",
         "AIRFLOW_CONN_BROKER_DEFAULT": connection_json(databases.broker_dsn),
         # The demo DAG's connection: the same database, its own broker schema.
         "AIRFLOW_CONN_BROKER_DEMO": connection_json(databases.broker_dsn, "broker_demo"),
