@@ -15,6 +15,7 @@ from psycopg import sql
 from airflow_broker import migrations
 from airflow_broker.activation import activation_command, is_python_target, load_target
 from airflow_broker.broker import Broker
+from airflow_broker.messages import MAX_MESSAGE_SIZE
 from airflow_broker.transport import AddressError, masked, resolve_address
 
 ERROR = "error"
@@ -99,6 +100,27 @@ def check_queues(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iter
                 f"{state} disabled (STATUS = OFF) since {since}; {ready} messages wait, and "
                 "messages sent to it are held in the transmission queue",
                 "ALTER QUEUE ... WITH STATUS = ON when it should work again")
+
+
+def check_oversized_messages(conn: psycopg.Connection[tuple[Any, ...]],
+                             schema: str) -> Iterator[Finding]:
+    # SEND refuses bodies over the maximum (50122), so these predate the limit. The biggest
+    # cannot be received at all: RECEIVE's output passes PostgreSQL's 1 GB limit and fails on
+    # every try, before poison detection can count it, and the queue stops without a word.
+    for name, messages, largest, handles in _rows(conn, """
+            SELECT q.name, count(*), max(octet_length(m.message_body)),
+                   (array_agg(DISTINCT m.conversation_handle))[1:5]
+              FROM {s}.queue_messages m JOIN {s}.queues q ON q.object_id = m.queue_id
+             WHERE octet_length(m.message_body) > {s}.max_message_size()
+             GROUP BY q.name ORDER BY q.name""", schema):
+        yield Finding(
+            ERROR, "messages", name,
+            f"{messages} message(s) larger than the maximum message size of "
+            f"{MAX_MESSAGE_SIZE:,} bytes (the largest {largest:,} bytes), sent before the limit; "
+            "a RECEIVE that reaches one may fail every time and hold up its conversation "
+            f"group. Conversations: {', '.join(str(h) for h in handles)}",
+            "END CONVERSATION ... WITH CLEANUP on those conversations (or WITH ERROR, to tell "
+            "the sender), and send such payloads as a reference to where they are stored")
 
 
 def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
@@ -333,6 +355,7 @@ def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> It
 
 CHECKS: dict[str, Check] = {
     "queues": check_queues,
+    "messages": check_oversized_messages,
     "activation": check_activation,
     "queue monitors": check_monitors,
     "endpoint leaks": check_leaks,

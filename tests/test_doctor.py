@@ -6,10 +6,12 @@ import datetime as dt
 import json
 import os
 
+import psycopg
 import pytest
 
 from airflow_broker.activation import ActivationManager
 from airflow_broker.cli import main
+from airflow_broker.messages import MAX_MESSAGE_SIZE
 from tests.conftest import App
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,3 +112,23 @@ def test_doctor_finds_each_fault(
     assert main(["doctor", "--dsn", broker.dsn]) == 1
     text = capsys.readouterr().out
     assert "[ERROR] queues: q_poisoned" in text and "problems found" in text
+
+
+def test_doctor_finds_a_message_over_the_maximum_size(
+        app: App, capsys: pytest.CaptureFixture[str]) -> None:
+    """A body over the limit can no longer be sent (50122); one stored before the limit is an
+    error finding, naming its queue and conversation, instead of a queue that stops silently."""
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(handle, "Req", b"small")
+    with psycopg.connect(app.broker.dsn) as conn:
+        target = conn.execute(
+            "UPDATE broker.queue_messages SET message_body = decode(repeat('00', %s), 'hex')"
+            " RETURNING conversation_handle", [MAX_MESSAGE_SIZE + 1]).fetchone()
+    assert target is not None
+    code, report = doctor(app.broker.dsn, capsys)
+    assert code == 1
+    (finding,) = findings(report, "messages")
+    assert finding["subject"] == "q_t" and finding["severity"] == "error"
+    assert f"{MAX_MESSAGE_SIZE + 1:,} bytes" in finding["problem"]
+    assert str(target[0]) in finding["problem"]
