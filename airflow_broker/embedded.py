@@ -78,14 +78,15 @@ class EmbeddedPostgres:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
         return self.uri(database)
 
-    def restart(self) -> None:
-        """Restarts the server (fast shutdown: open transactions roll back); clients must
-        reconnect, as after any PostgreSQL restart."""
+    def restart(self, mode: str = "fast") -> None:
+        """Restarts the server (``fast``: open transactions roll back; ``immediate``: as after
+        a crash, with recovery from the WAL); clients must reconnect, as after any PostgreSQL
+        restart."""
         from pgserver import _commands
 
         # pgserver generates one function per PostgreSQL program at import time.
         _commands.pg_ctl(  # type: ignore[attr-defined]
-            ["-w", "-m", "fast", "restart"],
+            ["-w", "-m", mode, "restart"],
             pgdata=self.data_dir,
             user=self._server.system_user,
             timeout=60,
