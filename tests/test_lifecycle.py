@@ -192,6 +192,38 @@ def test_T_RC_08_end_dialog_comes_in_sequence(app: App) -> None:
     assert [m.message_sequence_number for m in received] == [0, 1, 2, 3]
 
 
+def test_later_initiator_messages_carry_the_message_0_acknowledged_flag(app: App) -> None:
+    """Spec 15.1 and 21.4: after message 0 was acknowledged, every initiator transmission
+    carries the flag, so the target's replay protection starts with the first of them, not
+    only when the initiator ends or hears from the target."""
+    with app.broker.transaction() as tx:
+        initiator = tx.begin_dialog("I", "T", "C")
+        tx.send(initiator, "Req", "message 0")
+        tx.send(initiator, "Req", "message 1, before the acknowledgement")
+    with app.broker.transaction() as tx:
+        target = tx.receive("q_t", 1)[0].conversation_handle  # (RECEIVE sets no flag)
+    t = endpoint(app.broker, target)
+    assert t is not None and t["security_timestamp"] == dt.datetime(1900, 1, 1)
+    with app.broker.transaction() as tx:
+        tx.send(initiator, "Req", "message 2")
+    flagged = app.broker.now() + 30 * MINUTE
+    t = endpoint(app.broker, target)
+    assert t is not None and t["state"] == "CO"
+    assert abs(t["security_timestamp"] - flagged) < MINUTE
+    # Counted from the first flagged message, also once the target ends ten minutes later.
+    app.broker.advance_clock(10 * MINUTE)
+    with app.broker.transaction() as tx:
+        tx.receive("q_t")
+        tx.end_conversation(target)
+    t = endpoint(app.broker, target)
+    assert t is not None and t["state"] == "CD"
+    assert abs(t["security_timestamp"] - flagged) < MINUTE
+    w = worker(app.broker)
+    app.broker.advance_clock(21 * MINUTE)  # 31 minutes after the flag, 21 after the END
+    assert w.run_once().endpoints_reclaimed == 1
+    assert endpoint(app.broker, target) is None
+
+
 def test_T_LC_01_fire_and_forget_leaks(app: App, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING), app.broker.transaction() as tx:
         handle = tx.begin_dialog("I", "T", "C")

@@ -100,7 +100,7 @@ BEGIN
             (SELECT name FROM contracts WHERE service_contract_id = p_contract_id),
             v_now, p_seq, p_type_id, p_body, p_type_id = 1, p_type_id = 2, p_priority,
             p_status, gen_random_uuid(),
-            coalesce(v_next, CASE WHEN p_status = '' THEN v_now
+            coalesce(v_next, CASE WHEN p_status IN ('', peer_busy_status()) THEN v_now
                                   ELSE v_now + interval '4 seconds' END),
             coalesce(v_attempts, 0));
     IF p_status = '' THEN
@@ -108,4 +108,12 @@ BEGIN
         PERFORM pg_notify(current_schema() || '_transmit', '');
     END IF;
 END
+$$;
+
+-- A target's security timestamp: its own once set (when it ended or heard from the open
+-- initiator), else 30 minutes after the initiator first sent the flag "message 0 acknowledged".
+CREATE OR REPLACE FUNCTION target_security_timestamp(p_own timestamp, p_flag_sent_at timestamp)
+RETURNS timestamp LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_own = '1900-01-01' AND p_flag_sent_at IS NOT NULL
+                THEN p_flag_sent_at + interval '30 minutes' ELSE p_own END
 $$;

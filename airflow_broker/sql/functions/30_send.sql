@@ -59,6 +59,13 @@ $$;
 -- Returns NULL when the message was delivered or has been dealt with (refused with an Error to
 -- the sender, or discarded because the peer has ended), and otherwise the transmission status
 -- with which it has to wait in the transmission queue.
+-- The transmission status of an EndDialog or Error held because its peer's row was locked.
+CREATE OR REPLACE FUNCTION peer_busy_status() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'The peer conversation endpoint is in use by another transaction: delivered by the '
+           'broker worker once that transaction ends.'::text
+$$;
+
 CREATE OR REPLACE FUNCTION deliver(
     p_handle uuid, p_conversation_id uuid, p_is_initiator boolean, p_contract_id integer,
     p_service_name text, p_far_handle uuid, p_far_service text, p_lifetime timestamp,
@@ -77,6 +84,9 @@ DECLARE
     v_remote boolean;
     v_instance text;
     v_address text;
+    v_peer_timestamp timestamp;
+    v_peer_flag timestamp;
+    v_own record;
 BEGIN
     IF NOT (SELECT is_broker_enabled FROM broker_identity) THEN
         RETURN 'The broker is disabled in the sender''s database.';
@@ -103,11 +113,24 @@ BEGIN
         END IF;
     END IF;
     IF p_far_handle IS NOT NULL THEN
+        IF v_kind <> 'data' THEN
+            -- An EndDialog or Error changes the peer's state, so it takes the peer's row, and
+            -- never waits for it: the transaction holding it may be ending the peer and about
+            -- to wait for this sender's row (both sides ending at once would deadlock). A busy
+            -- peer gets the message from the transmission queue at the worker's next pass.
+            PERFORM 1 FROM endpoints WHERE conversation_handle = p_far_handle
+               FOR NO KEY UPDATE SKIP LOCKED;
+            IF NOT FOUND
+               AND EXISTS (SELECT 1 FROM endpoints WHERE conversation_handle = p_far_handle) THEN
+                RETURN peer_busy_status();
+            END IF;
+        END IF;
         -- The peer's group is read without a lock: MOVE CONVERSATION of the peer waits for
         -- this transaction through the sender's endpoint, which every caller holds.
         SELECT e.conversation_handle, e.conversation_group_id, e.service_id, e.state,
-               s.service_queue_id, q.is_enqueue_enabled
-          INTO v_handle, v_group, v_service, v_state, v_queue, v_enabled
+               e.security_timestamp, e.flag_sent_at, s.service_queue_id, q.is_enqueue_enabled
+          INTO v_handle, v_group, v_service, v_state, v_peer_timestamp, v_peer_flag, v_queue,
+               v_enabled
           FROM endpoints e
           JOIN service_defs s ON s.service_id = e.service_id
           JOIN queues q ON q.object_id = s.service_queue_id
@@ -192,12 +215,28 @@ BEGIN
         UPDATE endpoints SET state = 'ER'
          WHERE conversation_handle = v_handle AND state IN ('SI', 'CO', 'DI');
     END IF;
+    IF p_is_initiator AND v_kind = 'end' AND v_peer_timestamp = '1900-01-01' THEN
+        SELECT message0_xid, flag_sent_at INTO v_own
+          FROM endpoints WHERE conversation_handle = p_handle;
+        IF v_own.message0_xid <> pg_current_xact_id() THEN
+            -- The initiator saw message 0 acknowledged before it ended: its EndDialog carries
+            -- the flag that starts the target's 30 minutes of replay protection (spec 15.1),
+            -- counted from the first message that carried it. The peer's row is this
+            -- transaction's already (above).
+            UPDATE endpoints
+               SET security_timestamp = coalesce(v_own.flag_sent_at, utc_now())
+                                        + interval '30 minutes'
+             WHERE conversation_handle = v_handle;
+        END IF;
+    END IF;
     IF NOT p_is_initiator AND v_state NOT IN ('DO', 'CD')
        AND (SELECT security_timestamp FROM endpoints WHERE conversation_handle = p_handle)
            = '1900-01-01' THEN
         -- The open initiator acknowledges this message with the flag "message 0 acknowledged",
-        -- which starts the target's 30 minutes of replay protection (spec 15.1).
-        UPDATE endpoints SET security_timestamp = utc_now() + interval '30 minutes'
+        -- which starts the target's 30 minutes of replay protection (spec 15.1), unless an
+        -- initiator message carried it earlier.
+        UPDATE endpoints
+           SET security_timestamp = coalesce(v_peer_flag, utc_now()) + interval '30 minutes'
          WHERE conversation_handle = p_handle;
     END IF;
     PERFORM wake_waiters(v_queue);
@@ -329,7 +368,13 @@ BEGIN
 
         UPDATE endpoints
            SET send_sequence = v_seq + 1,
-               state = CASE WHEN state = 'SO' AND NOT v_rejected THEN 'CO' ELSE state END
+               state = CASE WHEN state = 'SO' AND NOT v_rejected THEN 'CO' ELSE state END,
+               -- The flag "message 0 acknowledged" travels with every initiator message after
+               -- the transaction that delivered message 0 (locally, its acknowledgement).
+               flag_sent_at = CASE WHEN flag_sent_at IS NULL AND is_initiator AND NOT is_remote
+                                        AND e.far_handle IS NOT NULL AND NOT v_rejected
+                                        AND message0_xid <> pg_current_xact_id()
+                                   THEN utc_now() ELSE flag_sent_at END
          WHERE conversation_handle = e.conversation_handle;
     END LOOP;
 END

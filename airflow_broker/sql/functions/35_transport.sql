@@ -18,8 +18,12 @@ DECLARE
 BEGIN
     UPDATE transmissions
        SET transmission_status = p_status, attempts = attempts + 1, last_attempt_at = v_now,
-           next_attempt_at = v_now + make_interval(
-               secs => least(64, 4 * power(2, least(attempts, 4))::integer))
+           -- A busy peer is tried again at the next pass: the wait is a transaction's, not
+           -- a fault's.
+           next_attempt_at = CASE WHEN p_status = peer_busy_status() THEN v_now
+                                  ELSE v_now + make_interval(
+                                      secs => least(64, 4 * power(2, least(attempts, 4))::integer))
+                             END
      WHERE conversation_handle = p_handle;
     UPDATE endpoints SET transmission_status = p_status WHERE conversation_handle = p_handle;
 END

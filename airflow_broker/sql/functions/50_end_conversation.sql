@@ -111,12 +111,6 @@ BEGIN
                                       e.send_sequence, v_type, v_body, e.priority, v_status);
         RETURN v_warning;
     END IF;
-    IF e.is_initiator AND NOT p_with_error AND e.message0_xid <> pg_current_xact_id() THEN
-        -- The initiator saw message 0 acknowledged before it ended: its EndDialog carries the
-        -- flag that starts the target's 30 minutes of replay protection.
-        UPDATE endpoints SET security_timestamp = utc_now() + interval '30 minutes'
-         WHERE conversation_handle = e.far_handle AND security_timestamp = '1900-01-01';
-    END IF;
     -- Local delivery is acknowledged at once: the endpoint goes straight to CLOSED (one write
     -- of the row instead of DISCONNECTED_OUTBOUND first; the state is in partial index
     -- predicates, so every change of it writes every index). An initiator goes at once.

@@ -65,7 +65,10 @@ SELECT e.conversation_handle, e.conversation_id, e.is_initiator, e.service_contr
        1 AS principal_id, 1 AS far_principal_id,
        '00000000-0000-0000-0000-000000000000'::uuid AS outbound_session_key_identifier,
        '00000000-0000-0000-0000-000000000000'::uuid AS inbound_session_key_identifier,
-       e.security_timestamp, e.dialog_timer, e.send_sequence, e.last_send_tran_id,
+       CASE WHEN e.is_initiator OR e.is_remote THEN e.security_timestamp
+            ELSE target_security_timestamp(e.security_timestamp, peer.flag_sent_at)
+       END AS security_timestamp,
+       e.dialog_timer, e.send_sequence, e.last_send_tran_id,
        e.end_dialog_sequence,
        -- With local delivery every message the peer numbered has arrived; from another
        -- broker, the next one expected in order.
