@@ -21,6 +21,7 @@ from airflow_broker.messages import EVENT_NOTIFICATION
 from airflow_broker.worker import BrokerWorker
 from tests.conftest import App
 from tests.helpers import count
+from tests.test_receive import target_handle
 
 POST_EVENT = "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification"
 
@@ -240,3 +241,38 @@ def test_concurrent_readers_with_some_rollbacks_never_disable(watched: App) -> N
     assert len(processed) == len(set(processed)) == 2_000
     with broker.transaction() as tx:
         assert tx.receive("q_n") == []  # no BROKER_QUEUE_DISABLED was raised
+
+
+@pytest.mark.parametrize("pass_in_between", [False, True])
+def test_T_PM_01_the_count_does_not_depend_on_when_it_is_resolved(
+        watched: App, pass_in_between: bool) -> None:
+    """Four rollbacks, a commit by a transaction that took its xid before them (a group lock)
+    but received after them, a fifth rollback: the commit broke the streak, whether or not a
+    worker pass resolved the first four before it. Before, without the pass, the commit was
+    counted first (by xid) and the five rollbacks disabled the queue."""
+    broker = watched.broker
+    poisoned = target_handle(broker, fill(watched, 1))
+    other = target_handle(broker, fill(watched, 1))
+    worker = BrokerWorker(broker, activation=False)
+    with psycopg.connect(broker.dsn) as late_conn:
+        late = broker.session(late_conn)
+        late_conn.execute("SELECT pg_current_xact_id()")  # its xid, before the rollbacks
+        for _ in range(4):
+            rollback_unreported(broker, poisoned)
+        if pass_in_between:
+            worker.run_once()
+        assert late.receive("q_t", 1, conversation_handle=other)
+        late_conn.commit()
+    rollback_unreported(broker, poisoned)
+    worker.run_once()
+    assert is_enabled(broker)
+    assert count(broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                         " WHERE name = 'q_t'") == 1
+
+
+def rollback_unreported(broker: Broker, handle: uuid.UUID) -> None:
+    """A reader that receives and rolls back without resolving it, as a killed one: only a
+    worker pass counts it."""
+    with psycopg.connect(broker.dsn) as conn:
+        assert broker.session(conn).receive("q_t", 1, conversation_handle=handle)
+        conn.rollback()

@@ -12,6 +12,10 @@ CREATE OR REPLACE FUNCTION register_receive(p_queue_id integer, p_xid xid8, p_me
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
 BEGIN
+    -- One registration of a queue at a time, so receive_id numbers them in the order they
+    -- become visible and the resolver never meets an earlier one after a later one. (The
+    -- side connection runs in autocommit: the lock lasts this statement.)
+    PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '.register'), p_queue_id);
     INSERT INTO receive_log (queue_id, xid, message_ids, backend_pid, received_at)
     VALUES (p_queue_id, p_xid, p_message_ids, p_backend_pid, utc_now())
     ON CONFLICT (queue_id, xid)
@@ -19,9 +23,12 @@ BEGIN
 END
 $$;
 
--- Resolves the finished receiving transactions of one queue (or of all), oldest first, and
--- stops at the first one still running, so "consecutive" means consecutive in the order the
--- transactions began. Returns the number of queues it disabled.
+-- Resolves the finished receiving transactions of one queue (or of all) in the order their
+-- RECEIVEs returned, and stops at the first one still running, so "consecutive" means
+-- consecutive in that order whenever and however often it runs. (In the order transactions
+-- began, a transaction that took its xid early, with a group lock, and received late was
+-- resolved before or after the rollbacks around it depending on whether a pass ran between
+-- them: the same events disabled the queue or not.) Returns the number of queues it disabled.
 CREATE OR REPLACE FUNCTION resolve_receives(p_queue_id integer DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -44,7 +51,7 @@ BEGIN
                                                     q.object_id);
         SELECT consecutive_rollbacks INTO v_streak FROM queues WHERE object_id = q.object_id;
         v_streak_messages := '{}';
-        FOR r IN SELECT * FROM receive_log WHERE queue_id = q.object_id ORDER BY xid LOOP
+        FOR r IN SELECT * FROM receive_log WHERE queue_id = q.object_id ORDER BY receive_id LOOP
             v_status := pg_xact_status(r.xid);
             EXIT WHEN v_status = 'in progress';
             IF v_status = 'committed' THEN
