@@ -89,7 +89,7 @@ def test_load_with_both_sides_ending_has_no_deadlock(app: App, dsn: str) -> None
     """8 producers begin dialogs and end their side soon after, whatever came back; 4 readers
     answer each request and end the target side in the same transaction. Before, both sides
     ending at once deadlocked (40P01) several times a minute."""
-    producers, readers, per_producer = 8, 4, 150
+    producers, readers, per_producer = 8, 4, 300
     failures: list[BaseException] = []
     produced = threading.Event()
 
