@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 		|| { echo "airflow-broker needs Python 3.11 or newer (set PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,airflow,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,airflow,spark,embedded]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

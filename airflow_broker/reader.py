@@ -29,15 +29,14 @@ handler.
 
 from __future__ import annotations
 
-import datetime as dt
 import importlib
 import logging
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
@@ -46,6 +45,9 @@ from airflow_broker.conversations import Body
 from airflow_broker.errors import QueueDisabledError
 from airflow_broker.messages import Message
 from airflow_broker.transaction import Transaction
+
+if TYPE_CHECKING:
+    from airflow_broker.reader_runs import AttemptLog
 
 log = logging.getLogger(__name__)
 
@@ -143,15 +145,32 @@ def messages_frame(messages: Sequence[Message]) -> Any:
 
 class QueueReader:
     def __init__(self, broker: Broker, config: ReaderConfig,
-                 handler: Callable[..., Any] | None = None) -> None:
+                 handler: Callable[..., Any] | None = None,
+                 attempt_log: AttemptLog | None = None) -> None:
         self.broker = broker
         self.config = config
         self.handler = handler or load_callable(config.handler)
         self.stats = ReaderStats()
+        # The attempt's failures: what the strategy did with each, for the run's summary.
+        self.events: list[dict[str, Any]] = []
+        self.attempt_log = attempt_log
 
     def run(self) -> ReaderStats:
         """Reads until RECEIVE has found nothing for ``idle_exit`` seconds, or the queue is
-        disabled (a reader never spins on error 9617)."""
+        disabled (a reader never spins on error 9617). The attempt log, if any, is told how
+        it ended: finished, or failed with the error (an attempt whose process dies says
+        nothing, and is reported lost once its reader runs again)."""
+        try:
+            self._read()
+        except Exception as exc:
+            if self.attempt_log is not None:
+                self.attempt_log.end("failed", f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+        if self.attempt_log is not None:
+            self.attempt_log.end("finished")
+        return self.stats
+
+    def _read(self) -> None:
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < self.config.idle_exit:
             try:
@@ -164,20 +183,43 @@ class QueueReader:
                 break
             if got:
                 idle_since = time.monotonic()
-        return self.stats
 
     def run_batch(self) -> bool:
-        """One transaction: RECEIVE a batch, process it, commit. False when nothing came."""
-        with self.broker.transaction() as tx:
-            messages = tx.receive(self.config.queue_name, self.config.batch_size, waitfor=True,
-                                  timeout=self.config.waitfor_timeout)
-            if not messages:
-                return False
-            self.stats.received += len(messages)
-            self.stats.batches += 1
-            ctx = ReaderContext(tx, self.config.queue_name, self.stats)
-            self._process(ctx, messages)
+        """One transaction: RECEIVE a batch, process it, commit. False when nothing came.
+
+        The counts are those of committed work: a batch rolled back leaves only its failures
+        and retries counted (its messages come back and are counted when they commit)."""
+        before, events_before = replace(self.stats), len(self.events)
+        try:
+            with self.broker.transaction() as tx:
+                messages = tx.receive(self.config.queue_name, self.config.batch_size,
+                                      waitfor=True, timeout=self.config.waitfor_timeout)
+                if not messages:
+                    return False
+                self.stats.received += len(messages)
+                self.stats.batches += 1
+                ctx = ReaderContext(tx, self.config.queue_name, self.stats)
+                self._process(ctx, messages)
+                if self.attempt_log is not None:
+                    self.attempt_log.progress(tx, self.stats, self.events)
+        except BaseException:
+            failed, retried = self.stats.failed, self.stats.retried
+            self.stats = replace(before, failed=failed, retried=retried)
+            if self.attempt_log is not None and failed != before.failed:
+                self.attempt_log.save(self.stats, self.events)
+            else:
+                del self.events[events_before:]
+            raise
         return True
+
+    def _event(self, message: Message, attempts: int, exc: BaseException, action: str) -> None:
+        if len(self.events) < 100:
+            self.events.append({
+                "message_id": str(message.message_id),
+                "conversation_handle": str(message.conversation_handle),
+                "sequence": message.message_sequence_number,
+                "message_type": message.message_type_name, "attempt": attempts,
+                "error": f"{type(exc).__name__}: {exc}"[:500], "action": action})
 
     def _process(self, ctx: ReaderContext, messages: list[Message]) -> None:
         parked = self._parked_conversations(ctx.tx, {m.conversation_handle for m in messages})
@@ -265,8 +307,10 @@ class QueueReader:
         if strategy in ("retry", "disable") and (strategy == "disable"
                                                  or attempts < self.config.max_attempts):
             self.stats.retried += 1
+            self._event(message, attempts, exc, "rolled back")
             raise RollbackBatch(str(exc)) from exc
         if strategy == "end_conversation":
+            self._event(message, attempts, exc, "conversation ended with error")
             ctx.end_conversation(message.conversation_handle, error=self.config.error_code,
                                  description=f"{type(exc).__name__}: {exc}"[:3000])
             return True
@@ -274,7 +318,9 @@ class QueueReader:
             self._park(ctx, message, f"{type(exc).__name__}: {exc}", tb)
             ctx.tx.begin_conversation_timer(message.conversation_handle, self.config.retry_delay)
             self.stats.retried += 1
+            self._event(message, attempts, exc, "parked for a timer retry")
             return False
+        self._event(message, attempts, exc, "quarantined")
         self._quarantine(ctx, message, f"{type(exc).__name__}: {exc}", tb, attempts)
         return True
 
@@ -323,6 +369,8 @@ class QueueReader:
                     self._reply(ctx, message, self.handler(message, ctx))
             except Exception as exc:
                 attempts += 1
+                self._event(message, attempts, exc, "quarantined"
+                            if attempts >= self.config.max_attempts else "parked for a timer retry")
                 if attempts >= self.config.max_attempts:
                     ctx.tx.run(sql.SQL(
                         "UPDATE {}.quarantine SET status = 'quarantined', attempts = %s,"
@@ -342,17 +390,3 @@ class QueueReader:
             self.stats.processed += 1
         return False
 
-
-def record_run(broker: Broker, run_id: uuid.UUID, queue_name: str, started: dt.datetime,
-               summary: dict[str, Any]) -> None:
-    """Stores a run's summary in reader_runs (operators read it back)."""
-    import json
-
-    with broker.transaction() as tx:
-        tx.run(sql.SQL(
-            "INSERT INTO {}.reader_runs (run_id, queue_name, started_at, ended_at, summary)"
-            " VALUES (%s, %s, %s, {}.utc_now(), %s::jsonb)"
-            " ON CONFLICT (run_id) DO UPDATE SET ended_at = EXCLUDED.ended_at,"
-            " summary = EXCLUDED.summary").format(sql.Identifier(broker.schema),
-                                                  sql.Identifier(broker.schema)),
-            [run_id, queue_name, started, json.dumps(summary)])

@@ -1,30 +1,42 @@
-"""The Spark reader application: N queue readers, one per Spark task.
+"""The Spark reader application: queue readers, one per Spark task.
 
 Submitted with spark-submit (ActivatedReaderOperator does that); each task opens its own
 connection and runs airflow_broker.reader.QueueReader until the queue stays empty, so every
 message is processed exactly once, each conversation group by one reader at a time, with
-replies committed with the RECEIVE. The driver only decides how many readers run and sums what
-they did. The DSN comes from the AIRFLOW_BROKER_DSN environment variable (never the command
-line, which other users of the machine can read).
+replies committed with the RECEIVE. The driver decides how many readers run: the queue's
+MAX_QUEUE_READERS (or ``--readers``), but never more than the cluster runs at once, so no reader
+waits for another to finish. Each reader attempt writes its counts in the database with the
+work they count (airflow_broker.reader_runs); the run's summary is summed from there.
 
-    spark-submit --master local[2] .../airflow_broker/spark_reader.py \\
-        --queue BrokerageQueue --handler trading.book:handle --readers 2
+The DSN comes from the AIRFLOW_BROKER_DSN environment variable, its password (if any) from
+PGPASSWORD, which libpq reads: in the driver's environment, and in the executors' through
+``spark.executorEnv`` (or the cluster manager's secrets), never the command line or the tasks'
+closures.
+
+    AIRFLOW_BROKER_DSN=... spark-submit --master local[2] .../airflow_broker/spark_reader.py \\
+        --queue BrokerageQueue --handler trading.book:handle
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from airflow_broker.spark_cluster import DSN_VARIABLE
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 SUMMARY_MARKER = "BROKER_READER_SUMMARY"
+log = logging.getLogger("airflow_broker.spark_reader")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,7 +46,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", action="store_true",
                         help="the handler takes a pandas DataFrame per batch")
     parser.add_argument("--readers", type=int, default=0,
-                        help="parallel readers (default: the queue's MAX_QUEUE_READERS, or 1)")
+                        help="readers at most (default: the queue's MAX_QUEUE_READERS, or 1);"
+                             " never more than the cluster runs at once")
+    parser.add_argument("--executor-wait", type=float, default=30.0,
+                        help="seconds to wait for executors to register before sizing")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--waitfor-timeout", type=float, default=1.0, help="seconds")
     parser.add_argument("--idle-exit", type=float, default=5.0,
@@ -50,25 +65,46 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def read_partition(args: argparse.Namespace, dsn: str, index: int) -> Iterator[dict[str, Any]]:
-    """The body of one Spark task: one reader."""
+def _dsn() -> str:
+    dsn = os.environ.get(DSN_VARIABLE)
+    if not dsn:
+        raise RuntimeError(f"{DSN_VARIABLE} is not set here: the reader job must be given it "
+                           "in the environment (the driver's, and spark.executorEnv for the "
+                           "executors)")
+    return dsn
+
+
+def read_partition(args: argparse.Namespace, index: int) -> Iterator[dict[str, Any]]:
+    """The body of one Spark task: one reader. Each attempt of it reports itself in
+    reader_attempts, so what a killed attempt committed is still counted."""
+    from pyspark import TaskContext
+
     from airflow_broker.broker import Broker
     from airflow_broker.reader import QueueReader, ReaderConfig
+    from airflow_broker.reader_runs import AttemptLog
 
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s reader-{index}: %(message)s")
+    task = TaskContext.get()
+    attempt = task.taskAttemptId() if task is not None else 0
     config = ReaderConfig(
         queue_name=args.queue, handler=args.handler, batch=args.batch,
         batch_size=args.batch_size, waitfor_timeout=args.waitfor_timeout,
         idle_exit=args.idle_exit, strategy=args.strategy, max_attempts=args.max_attempts,
         retry_delay=args.retry_delay, reply_message_type=args.reply_message_type)
-    with Broker(dsn, schema=args.schema, max_connections=2,
+    with Broker(_dsn(), schema=args.schema, max_connections=2,
                 application_name=f"airflow-broker-spark-reader-{index}") as broker:
-        stats = QueueReader(broker, config).run()
-    yield {"reader": index, "pid": os.getpid(), **asdict(stats)}
+        attempt_log = AttemptLog(broker, uuid.UUID(args.run_id), index, attempt)
+        try:
+            reader = QueueReader(broker, config, attempt_log=attempt_log)
+        except Exception as exc:  # the handler cannot be imported here
+            attempt_log.end("failed", f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+        stats = reader.run()
+    yield {"reader": index, "attempt": attempt, "pid": os.getpid(), **asdict(stats)}
 
 
-def default_readers(dsn: str, schema: str | None, queue: str) -> int:
+def queue_readers(dsn: str, schema: str | None, queue: str) -> int:
     """The queue's MAX_QUEUE_READERS (at least 1); also checks the queue exists before Spark
     starts."""
     from psycopg import sql
@@ -84,37 +120,75 @@ def default_readers(dsn: str, schema: str | None, queue: str) -> int:
     return max(int(found[0][1] or 0), 1)
 
 
+def concurrent_slots(sc: SparkContext, wait: float) -> int | None:
+    """How many tasks the cluster runs at once: the executors' cores over spark.task.cpus,
+    once the executors stopped registering (or ``wait`` seconds passed). None when dynamic
+    allocation has no upper bound."""
+    conf = sc.getConf()
+    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        most = conf.get("spark.dynamicAllocation.maxExecutors")
+        if most is None or not most.isdigit() or int(most) > 100_000:
+            return None
+        cores = int(conf.get("spark.executor.cores", "1"))
+        return max(int(most) * cores // int(conf.get("spark.task.cpus", "1")), 1)
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    local = (sc.master or "").startswith("local")
+    deadline = time.monotonic() + wait
+    slots, stable_since = 0, time.monotonic()
+    while True:
+        now = int(jsc.maxNumConcurrentTasks(profile))
+        if now != slots:
+            slots, stable_since = now, time.monotonic()
+        # Executors of a standalone or YARN cluster register one by one after the driver
+        # started; sizing on the first would leave the others idle.
+        if slots and (local or time.monotonic() - stable_since >= 3):
+            return slots
+        if time.monotonic() > deadline:
+            return max(slots, 1)
+        time.sleep(0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    dsn = os.environ.get("AIRFLOW_BROKER_DSN")
-    if not dsn:
-        print("AIRFLOW_BROKER_DSN is not set", file=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        dsn = _dsn()
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
         return 2
     from pyspark.sql import SparkSession
 
     from airflow_broker.broker import Broker
-    from airflow_broker.reader import record_run
+    from airflow_broker.reader_runs import begin_run, finish_run
 
-    readers = args.readers or default_readers(dsn, args.schema, args.queue)
-    started = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    wanted = args.readers or queue_readers(dsn, args.schema, args.queue)
+    run_id = uuid.UUID(args.run_id) if args.run_id else uuid.uuid4()
+    args.run_id = str(run_id)
     spark = SparkSession.builder.appName(f"broker-reader {args.queue}").getOrCreate()
     try:
-        results = (spark.sparkContext
-                   .parallelize(range(readers), readers)
-                   .mapPartitionsWithIndex(lambda index, _: read_partition(args, dsn, index))
-                   .collect())
+        sc = spark.sparkContext
+        slots = concurrent_slots(sc, args.executor_wait)
+        readers = min(wanted, slots) if slots else wanted
+        log.info("queue %s: %d reader(s) (wanted %d, the cluster runs %s task(s) at once)",
+                 args.queue, readers, wanted, slots if slots else "any number of")
+        with Broker(dsn, schema=args.schema, max_connections=1) as broker:
+            begin_run(broker, run_id, args.queue,
+                      {"queue": args.queue, "readers_wanted": wanted, "slots": slots,
+                       "readers_started": readers, "application_id": sc.applicationId})
+        try:
+            (sc.parallelize(range(readers), readers)
+             .mapPartitionsWithIndex(lambda index, _: read_partition(args, index))
+             .collect())
+        finally:
+            with Broker(dsn, schema=args.schema, max_connections=1) as broker:
+                summary = finish_run(broker, run_id)
     finally:
         spark.stop()
-    summary: dict[str, Any] = {"queue": args.queue, "readers": readers,
-                               "per_reader": sorted(results, key=lambda r: r["reader"])}
-    for key in ("received", "processed", "replied", "quarantined", "retried", "ended",
-                "failed", "batches"):
-        summary[key] = sum(r[key] for r in results)
-    run_id = uuid.UUID(args.run_id) if args.run_id else uuid.uuid4()
-    summary["run_id"] = str(run_id)
-    with Broker(dsn, schema=args.schema, max_connections=1) as broker:
-        record_run(broker, run_id, args.queue, started, summary)
-    print(f"{SUMMARY_MARKER} {json.dumps(summary)}", flush=True)
+    # One short line (a pipe keeps a write of up to 4 KiB whole, between the JVM's log lines);
+    # the attempts and failures are in reader_runs.
+    totals = {k: v for k, v in summary.items() if k not in ("per_attempt", "events")}
+    print(f"{SUMMARY_MARKER} {json.dumps(totals)}", flush=True)
     return 0
 
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
+import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from psycopg import sql
 
 import airflow_broker.spark_reader as spark_reader
-from airflow_broker import quarantine
+from airflow_broker import quarantine, reader_runs, spark_cluster, spark_shipping
 from airflow_broker.reader import STRATEGIES
 
 if TYPE_CHECKING:
@@ -23,6 +26,9 @@ if TYPE_CHECKING:
     from hooks.broker import BrokerHook
 else:
     from airflow_broker.hooks.broker import BrokerHook
+
+# Failures of a run written into the task log, one line each; the rest are counted.
+LOGGED_EVENTS = 20
 
 
 def default_spark_binary() -> str:
@@ -34,23 +40,70 @@ def default_spark_binary() -> str:
     return shutil.which("spark-submit") or "spark-submit"
 
 
+class ReaderRunFailed(RuntimeError):
+    """A reader of the run failed for good (Spark gave up on its task), or the job failed."""
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while spark-submit starts from it (the
+    client-mode driver inherits them; the hook's env_vars would put them on the command line
+    for YARN and Kubernetes)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _join(*parts: str | None) -> str | None:
+    joined = ",".join(p for p in parts if p)
+    return joined or None
+
+
 class ActivatedReaderOperator(SparkSubmitOperator):
-    """Submits the reader application (airflow_broker/spark_reader.py): ``readers`` Spark
-    tasks, each a queue reader with its own connection, RECEIVE-process-commit until the queue
-    stays empty for ``idle_exit`` seconds. Returns the run's summary (received, processed,
-    replied, quarantined, retried, ended, failed, per reader) to XCom.
+    """Submits the reader application (airflow_broker/spark_reader.py): Spark tasks that are
+    queue readers, each with its own connection, RECEIVE-process-commit until the queue stays
+    empty for ``idle_exit`` seconds. As many readers as the queue's MAX_QUEUE_READERS (or
+    ``readers``), never more than the cluster runs at once.
+
+    Returns the run's summary to XCom, summed from the database over every attempt of every
+    reader (received, processed, replied, quarantined, retried, ended, failed; readers,
+    attempts, task_retries, max_concurrent, per_reader, per_attempt, events), and fails when a
+    reader failed for good. The failures are summarised in the task log.
+
+    What reaches the executors (see docs/spark.md):
+
+    - the engine and its dependencies, as a packed Python environment built from Airflow's own
+      (``python_environment="packed"``, the default), whose ``bin/python`` links to
+      ``cluster_python`` (default: the base interpreter of Airflow's environment, for clusters
+      built from the same image); or, with ``python_environment="cluster"``, the interpreter
+      the cluster is configured with (``spark.pyspark.python``, the workers' PYSPARK_PYTHON,
+      or ``cluster_python``), which must have airflow-broker installed;
+    - the handler's module or top-level package, as ``py_files`` (``ship_handler``);
+    - the DSN, as ``AIRFLOW_BROKER_DSN``, and its password, as ``PGPASSWORD``, through a
+      properties file readable by the job's user only (for Kubernetes the password comes from
+      the secret ``kubernetes_password_secret``), never the command line.
 
     :param queue_name: the queue to read
     :param handler: ``package.module:function``, called per message (or per batch with
-        ``batch=True``); it must be importable where the Spark tasks run, and must not
-        import Airflow (Airflow forbids its database to a task's child processes)
-    :param readers: parallel readers (default: the queue's MAX_QUEUE_READERS)
+        ``batch=True``); it must not import Airflow (Airflow forbids its database to a task's
+        child processes)
+    :param readers: readers at most (default: the queue's MAX_QUEUE_READERS)
     :param poison_strategy: retry, quarantine, end_conversation, disable or timer_retry
     :param timer_retry_delay: seconds before a timer_retry retries a parked message
-    :param broker_conn_id: the broker connection; its DSN reaches the job through the
-        environment, never the command line
+    :param broker_conn_id: the broker connection
     :param conn_id: the Spark connection (JSON form, e.g. ``{"conn_type": "spark", "host":
-        "local[2]"}``; the URI form spark://local[2] silently means yarn)
+        "spark://10.0.0.5:7077"}``; the URI form spark://local[2] silently means yarn)
+    :param python_environment: ``packed`` or ``cluster``, see above
+    :param cluster_python: the interpreter path on the cluster's machines
+    :param ship_handler: ship the handler's code with ``py_files``
+    :param kubernetes_password_secret: ``name:key`` of the Kubernetes secret with the password
     """
 
     template_fields: Sequence[str] = (
@@ -75,10 +128,16 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         reply_message_type: str | None = None,
         conn_id: str = "spark_default",
         spark_binary: str | None = None,
+        python_environment: str = "packed",
+        cluster_python: str | None = None,
+        ship_handler: bool = True,
+        kubernetes_password_secret: str | None = None,
         **kwargs: Any,
     ) -> None:
         if poison_strategy not in STRATEGIES:
             raise ValueError(f"poison_strategy must be one of {STRATEGIES}")
+        if python_environment not in ("packed", "cluster"):
+            raise ValueError("python_environment must be packed or cluster")
         kwargs.setdefault("name", f"broker-reader-{queue_name}")
         conf = {"spark.ui.enabled": "false", **(kwargs.pop("conf", None) or {})}
         super().__init__(application=spark_reader.__file__, conn_id=conn_id,
@@ -97,6 +156,10 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         # Not retry_delay: that is BaseOperator's delay between task retries.
         self.timer_retry_delay = timer_retry_delay
         self.reply_message_type = reply_message_type
+        self.python_environment = python_environment
+        self.cluster_python = cluster_python
+        self.ship_handler = ship_handler
+        self.kubernetes_password_secret = kubernetes_password_secret
 
     def reader_arguments(self, schema: str, run_id: uuid.UUID) -> list[str]:
         args = ["--queue", self.queue_name, "--handler", self.handler, "--schema", schema,
@@ -113,28 +176,122 @@ class ActivatedReaderOperator(SparkSubmitOperator):
             args += ["--reply-message-type", self.reply_message_type]
         return args
 
+    def prepare(self, dsn: str, schema: str, run_id: uuid.UUID, work_dir: Path) -> None:
+        """Sets up the submission: the reader's arguments, what is shipped, and the properties
+        file (in ``work_dir``) with the DSN. Refuses a deploy mode the cluster manager cannot
+        run before anything is submitted."""
+        resolved = self._get_hook()._connection
+        master, deploy_mode = resolved["master"], resolved["deploy_mode"]
+        spark_cluster.check_deploy_mode(master, deploy_mode)
+        self.application_args = self.reader_arguments(schema, run_id)
+        conf = dict(self.conf or {})
+        if self.ship_handler:
+            self.py_files = _join(self.py_files, *spark_shipping.handler_py_files(self.handler))
+        if "spark.pyspark.python" not in conf:
+            if spark_cluster.manager(master) == "local":
+                # The executors are this machine's Airflow task: its interpreter has it all
+                # (and local mode unpacks archives away from the Python workers' directory).
+                conf["spark.pyspark.python"] = sys.executable
+            elif self.python_environment == "packed":
+                archive = spark_shipping.packed_environment(batch=self.batch,
+                                                            base_python=self.cluster_python)
+                # SparkSubmitOperator keeps its archives private; the hook reads them there.
+                self._archives = _join(self._archives,
+                                       f"{archive}#{spark_shipping.ARCHIVE_ALIAS}")
+                conf["spark.pyspark.python"] = spark_shipping.ARCHIVE_PYTHON
+            elif self.cluster_python:
+                conf["spark.pyspark.python"] = self.cluster_python
+        if deploy_mode != "cluster":
+            # The driver runs here, in Airflow's environment, which has pyspark and the engine.
+            conf.setdefault("spark.pyspark.driver.python", sys.executable)
+        self.conf = conf
+        settings = spark_cluster.job_settings(dsn, master, deploy_mode,
+                                              self.kubernetes_password_secret)
+        include = (Path(self.properties_file) if self.properties_file else
+                   spark_cluster.spark_defaults(os.environ.get("SPARK_HOME")
+                                                or self.spark_home()))
+        self.properties_file = str(spark_cluster.write_properties(
+            work_dir / "reader.properties", settings, include=include))
+
+    def spark_home(self) -> str | None:
+        return pip_spark_home(self._spark_binary or default_spark_binary())
+
+    def submit_environment(self, dsn: str) -> dict[str, str]:
+        env = spark_cluster.driver_environment(dsn)
+        home = self.spark_home()
+        if home is not None and "SPARK_HOME" not in os.environ:
+            env["SPARK_HOME"] = home
+        return env
+
     # SparkSubmitOperator.execute returns nothing; this one returns the summary for XCom.
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         run_id = uuid.uuid4()
-        with BrokerHook(self.broker_conn_id) as hook:
+        user_properties = self.properties_file
+        with BrokerHook(self.broker_conn_id) as hook, \
+                tempfile.TemporaryDirectory(prefix="broker-reader-") as work_dir:
             info = hook.get_conn_info()
-            self.application_args = self.reader_arguments(info.schema, run_id)
-            self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {}),
-                             "AIRFLOW_BROKER_DSN": info.dsn}
-            self.log.info("submitting %s reader(s) for queue %s, handler %s, strategy %s",
-                          self.readers or "MAX_QUEUE_READERS", self.queue_name, self.handler,
-                          self.poison_strategy)
-            super().execute(context)
-            with hook.transaction() as tx:
-                rows = tx.run(sql.SQL("SELECT summary FROM {}.reader_runs WHERE run_id = %s")
-                              .format(sql.Identifier(info.schema)), [run_id])
-        if not rows:
-            raise RuntimeError(f"the reader job ended without recording run {run_id}")
-        summary: dict[str, Any] = rows[0][0]
-        self.log.info("reader run %s: received %s, processed %s, replied %s, quarantined %s, "
-                      "retried %s", run_id, summary["received"], summary["processed"],
-                      summary["replied"], summary["quarantined"], summary["retried"])
+            self.prepare(info.dsn, info.schema, run_id, Path(work_dir))
+            self.log.info("submitting the readers of queue %s (at most %s), handler %s, "
+                          "strategy %s, run %s", self.queue_name,
+                          self.readers or "MAX_QUEUE_READERS", self.handler,
+                          self.poison_strategy, run_id)
+            job_error: BaseException | None = None
+            try:
+                with _environment(self.submit_environment(info.dsn)):
+                    super().execute(context)
+            except Exception as exc:
+                job_error = exc
+            finally:
+                self.properties_file = user_properties
+            summary = reader_runs.run_summary(hook.get_broker(), run_id)
+        self.report(summary)
+        if job_error is not None or summary["failed_readers"]:
+            failed = (f"readers {summary['failed_readers']} failed for good; "
+                      if summary["failed_readers"] else "")
+            raise ReaderRunFailed(
+                f"reader run {run_id} of queue {self.queue_name} failed: {failed}"
+                f"the Spark job: {job_error or 'succeeded'}") from job_error
         return summary
+
+    def report(self, summary: dict[str, Any]) -> None:
+        """The run in the task log: totals, each reader attempt, and the failures."""
+        self.log.info(
+            "reader run %s: %s reader(s) (%s at once, the cluster runs %s), %s attempt(s), "
+            "%s task retry(ies); received %s, processed %s, replied %s, quarantined %s, "
+            "retried %s, failed %s, ended %s", summary["run_id"], summary["readers"],
+            summary["max_concurrent"], summary.get("slots") or "any number",
+            summary["attempts"], summary["task_retries"], summary.get("received", 0),
+            summary.get("processed", 0), summary.get("replied", 0),
+            summary.get("quarantined", 0), summary.get("retried", 0), summary.get("failed", 0),
+            summary.get("ended", 0))
+        for attempt in summary["per_attempt"]:
+            self.log.info("  reader %s, try %s, on %s (pid %s): %s after %ss; received %s, "
+                          "processed %s, quarantined %s%s", attempt["reader"],
+                          attempt["try"], attempt["host"], attempt["pid"],
+                          attempt["status"], attempt["seconds"], attempt.get("received", 0),
+                          attempt.get("processed", 0), attempt.get("quarantined", 0),
+                          f"; {attempt['error']}" if attempt["error"] else "")
+        events = summary["events"]
+        for event in events[:LOGGED_EVENTS]:
+            self.log.warning("  message %s (%s #%s of conversation %s), attempt %s: %s -> %s",
+                             event["message_id"], event["message_type"], event["sequence"],
+                             event["conversation_handle"], event["attempt"], event["error"],
+                             event["action"])
+        if len(events) > LOGGED_EVENTS:
+            self.log.warning("  ... and %d more failures (the quarantine table holds every "
+                             "quarantined message)", len(events) - LOGGED_EVENTS)
+
+
+def pip_spark_home(spark_binary: str) -> str | None:
+    """pip's pyspark package folder when ``spark_binary`` is the spark-submit pip installed
+    next to Airflow's interpreter: its launcher finds that folder only through a ``python3``
+    on PATH that has pyspark, so spark-submit is told it."""
+    if Path(spark_binary).parent != Path(sys.executable).parent:
+        return None
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return None
+    return str(Path(spec.origin).parent)
 
 
 class QuarantineOperator(BaseOperator):

@@ -1,10 +1,9 @@
 """Test DAG: a SparkSubmit reader job on the test application's target queue, then the
-quarantine handled by an operator."""
+quarantine handled by an operator. The handler lives in the repository's tests package, which
+the operator ships to the Spark tasks (py_files)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pendulum
@@ -15,17 +14,13 @@ if TYPE_CHECKING:
 else:
     from airflow_broker.operators import ActivatedReaderOperator, QuarantineOperator
 
-# The handler module lives in the repository's tests package; the Spark tasks import it.
-REPOSITORY = os.environ.get("AIRFLOW_BROKER_TEST_ROOT", str(Path(__file__).resolve().parent))
-
-
 @dag(dag_id="t_spark_reader", schedule=None, start_date=pendulum.datetime(2026, 1, 1),
      catchup=False)
 def t_spark_reader() -> None:
     read = ActivatedReaderOperator(
         task_id="read", queue_name="q_t", handler="tests.reader_handlers:book_trade",
         readers=2, batch_size=20, idle_exit=2, reply_message_type="Resp",
-        conn_id="spark_local", env_vars={"PYTHONPATH": REPOSITORY})
+        conn_id="spark_local")
     discard = QuarantineOperator(task_id="discard", action="discard", queue_name="q_t")
     read >> discard
 

@@ -1,0 +1,91 @@
+-- Reader runs (a Spark job of queue readers, or any other run of QueueReader) and the attempts
+-- of their readers: what operators report, summed from the database so that it holds over
+-- task retries and killed processes.
+
+-- A run starts: its plan (queue, readers, what the cluster can run at once) is kept with it.
+CREATE OR REPLACE FUNCTION reader_run_begin(p_run_id uuid, p_queue text, p_plan jsonb)
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    INSERT INTO reader_runs (run_id, queue_name, started_at, summary)
+    VALUES (p_run_id, p_queue, utc_now(), p_plan)
+    ON CONFLICT (run_id) DO UPDATE SET summary = reader_runs.summary || EXCLUDED.summary;
+$$;
+
+CREATE OR REPLACE FUNCTION reader_attempt_begin(p_run_id uuid, p_reader integer,
+                                                p_attempt integer, p_host text, p_pid integer)
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    INSERT INTO reader_attempts (run_id, reader, attempt, host, pid, started_at, updated_at)
+    VALUES (p_run_id, p_reader, p_attempt, p_host, p_pid, utc_now(), utc_now())
+    ON CONFLICT (run_id, reader, attempt) DO UPDATE
+       SET host = EXCLUDED.host, pid = EXCLUDED.pid, updated_at = EXCLUDED.updated_at;
+$$;
+
+-- Called inside the reader's own transaction, so the counts commit with the work they count.
+CREATE OR REPLACE FUNCTION reader_attempt_progress(p_run_id uuid, p_reader integer,
+                                                   p_attempt integer, p_stats jsonb,
+                                                   p_events jsonb)
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    UPDATE reader_attempts SET stats = p_stats, events = p_events, updated_at = utc_now()
+     WHERE run_id = p_run_id AND reader = p_reader AND attempt = p_attempt;
+$$;
+
+CREATE OR REPLACE FUNCTION reader_attempt_end(p_run_id uuid, p_reader integer,
+                                              p_attempt integer, p_status text, p_error text)
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    UPDATE reader_attempts SET status = p_status, error = p_error, ended_at = utc_now(),
+                               updated_at = utc_now()
+     WHERE run_id = p_run_id AND reader = p_reader AND attempt = p_attempt;
+$$;
+
+-- The run as its readers' rows tell it: every count summed over all attempts; attempts beyond
+-- the first of each reader are retries; a reader whose last attempt did not finish failed; how
+-- many attempts were at work at once (an attempt killed without a word counts until its last
+-- commit).
+CREATE OR REPLACE FUNCTION reader_run_summary(p_run_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    WITH a AS (
+        SELECT *, coalesce(ended_at, updated_at) AS until,
+               row_number() OVER (PARTITION BY reader ORDER BY started_at DESC, attempt DESC)
+                   AS latest,
+               row_number() OVER (PARTITION BY reader ORDER BY started_at, attempt) AS try_number
+          FROM reader_attempts WHERE run_id = p_run_id
+    ), sums AS (
+        SELECT reader, key, sum(value::bigint) AS total
+          FROM a, jsonb_each_text(a.stats) GROUP BY reader, key
+    ), totals AS (
+        SELECT coalesce(jsonb_object_agg(key, total), '{}') AS counts
+          FROM (SELECT key, sum(total) AS total FROM sums GROUP BY key) s
+    ), per_reader AS (
+        SELECT r.reader, jsonb_build_object('reader', r.reader, 'attempts', r.attempts)
+                   || coalesce((SELECT jsonb_object_agg(key, total) FROM sums
+                                 WHERE sums.reader = r.reader), '{}') AS doc
+          FROM (SELECT reader, count(*) AS attempts FROM a GROUP BY reader) r
+    )
+    SELECT coalesce((SELECT summary FROM reader_runs WHERE run_id = p_run_id), '{}')
+        || (SELECT counts FROM totals)
+        || jsonb_build_object(
+            'run_id', p_run_id,
+            'readers', (SELECT count(DISTINCT reader) FROM a),
+            'attempts', (SELECT count(*) FROM a),
+            'task_retries', (SELECT count(*) - count(DISTINCT reader) FROM a),
+            'failed_readers', (SELECT coalesce(jsonb_agg(reader ORDER BY reader), '[]')
+                                 FROM a WHERE latest = 1 AND status <> 'finished'),
+            'max_concurrent', (SELECT coalesce(max((SELECT count(*) FROM a o
+                                                     WHERE o.started_at <= s.started_at
+                                                       AND (o.until > s.started_at
+                                                            OR (o.reader, o.attempt)
+                                                               = (s.reader, s.attempt)))), 0)
+                                 FROM a s),
+            'per_reader', (SELECT coalesce(jsonb_agg(doc ORDER BY reader), '[]')
+                             FROM per_reader),
+            'per_attempt', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                'reader', reader, 'try', try_number, 'attempt', attempt, 'host', host,
+                                'pid', pid,
+                                -- Killed without a word (its executor lost), and run again.
+                                'status', CASE WHEN status = 'running' AND latest > 1
+                                               THEN 'lost' ELSE status END,
+                                'error', error,
+                                'seconds', round(extract(epoch FROM until - started_at), 3))
+                                || stats ORDER BY reader, started_at), '[]') FROM a),
+            'events', (SELECT coalesce(jsonb_agg(e ORDER BY a.reader, a.started_at), '[]')
+                         FROM a, jsonb_array_elements(a.events) e));
+$$;
