@@ -1,6 +1,10 @@
 """Scenario j: the Spark reader application (airflow_broker/spark_reader.py) draining a
 pre-filled queue with 2 readers on local[2], against 2 plain Python QueueReader processes on the
-same server: the ratio is Spark's overhead.
+same server: the ratio is Spark's overhead. Then the same application on a Spark standalone
+cluster on 127.0.0.1 (a master and two workers of one core, tests/spark_cluster.py), submitted as
+ActivatedReaderOperator submits it (the packed readers' environment, the handler's package as
+py_files, the DSN in a properties file), against local[2]: the ratio is what a real cluster's
+executors and shipping cost.
 
 Both sides run the same reader loop (airflow_broker.reader.QueueReader, RECEIVE TOP(100), each
 message in a savepoint, one commit per batch) with the same handler (bench.queue_drain:consume,
@@ -20,17 +24,20 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import airflow_broker.spark_reader as spark_reader
+from airflow_broker import spark_cluster, spark_shipping
 from bench import ours_setup
 from bench.harness import DRAIN_MARKS, Env
 from bench.queue_drain import HANDLER
 from bench.report import Row, Scenario, median
 from bench.throughput import OUR_TABLES
+from tests.spark_cluster import SparkCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 READERS = 2
@@ -42,7 +49,9 @@ IDLE_EXIT = 1.0
 # 20,000 messages a few more).
 RUN_TIMEOUT = 900.0
 PEER_LABEL = "2 Python QueueReader processes"
-TITLE = f"Spark readers: spark_reader.py, {READERS} readers on {MASTER}"
+LOCAL_LABEL = f"spark_reader.py on {MASTER}"
+TITLE = (f"Spark readers: spark_reader.py, {READERS} readers on {MASTER}, and on a standalone "
+         "cluster")
 
 
 class DrainFailed(RuntimeError):
@@ -126,12 +135,30 @@ def _marks(env: Env, launched: float, exited: float) -> Drain:
                              for r in rows])
 
 
-def _spark(env: Env, queue: str) -> tuple[Drain, dict[str, object]]:
+def _cluster_options(env: Env, master: str, work: Path) -> list[str]:
+    """What ActivatedReaderOperator adds for a cluster: the packed environment, the handler's
+    package and the DSN in a properties file."""
+    archive = spark_shipping.packed_environment()
+    properties = spark_cluster.write_properties(
+        work / f"{uuid.uuid4()}.properties",
+        spark_cluster.job_settings(env.dsn, master, "client"))
+    return ["--archives", f"{archive}#{spark_shipping.ARCHIVE_ALIAS}",
+            "--py-files", ",".join(spark_shipping.handler_py_files(HANDLER)),
+            "--conf", f"spark.pyspark.python={spark_shipping.ARCHIVE_PYTHON}",
+            "--conf", f"spark.pyspark.driver.python={sys.executable}",
+            "--conf", "spark.driver.host=127.0.0.1",
+            "--properties-file", str(properties)]
+
+
+def _spark(env: Env, queue: str, cluster: SparkCluster | None = None,
+           ) -> tuple[Drain, dict[str, object]]:
     submit = _spark_submit()
     assert submit is not None
     run_id = uuid.uuid4()
-    command = [submit, "--master", MASTER, "--conf", "spark.ui.enabled=false",
-               "--conf", "spark.sql.shuffle.partitions=2", spark_reader.__file__,
+    master = cluster.master_url if cluster is not None else MASTER
+    options = (_cluster_options(env, master, cluster.work) if cluster is not None else [])
+    command = [submit, "--master", master, "--conf", "spark.ui.enabled=false",
+               "--conf", "spark.sql.shuffle.partitions=2", *options, spark_reader.__file__,
                "--queue", queue, "--handler", HANDLER, "--readers", str(READERS),
                "--run-id", str(run_id), *_reader_args()]
     launched = time.time()
@@ -193,17 +220,23 @@ def drain(env: Env) -> Scenario:
         return Scenario("j", TITLE, status="unavailable", note=missing)
     target = env.catalog.targets["spark"]
     rounds = env.options.rounds
-    drains: dict[str, list[Drain]] = {"spark": [], "python": []}
+    drains: dict[str, list[Drain]] = {"spark": [], "python": [], "cluster": []}
     received: list[object] = []
     count = 0
+    cluster = SparkCluster(Path(tempfile.mkdtemp(prefix="bench-spark-cluster-")),
+                           workers=READERS)
     try:
+        env.progress("j: starting a Spark standalone master and 2 workers on 127.0.0.1")
+        cluster.start()
         for number in range(rounds):
-            order = ["spark", "python"] if number % 2 == 0 else ["python", "spark"]
+            order = ["spark", "python", "cluster"]
+            order = order[number % 3:] + order[:number % 3]
             for side in order:
                 count = _fill(env, env.options.spark_messages)
                 env.progress(f"j round {number + 1}/{rounds} {side}: draining {count:,} messages")
-                if side == "spark":
-                    drained, summary = _spark(env, target.queue)
+                if side in ("spark", "cluster"):
+                    drained, summary = _spark(env, target.queue,
+                                              cluster if side == "cluster" else None)
                     received.append(summary.get("received"))
                 else:
                     drained = _python(env, target.queue)
@@ -220,9 +253,12 @@ def drain(env: Env) -> Scenario:
                     f"(messages, first s, last s): {drained.per_reader}, exited after "
                     f"{drained.exited - drained.launched:.1f} s"
                 )
-    except (DrainFailed, subprocess.TimeoutExpired) as exc:
+    except (DrainFailed, subprocess.TimeoutExpired, RuntimeError, TimeoutError) as exc:
         env.progress(f"j failed: {exc}")
         return Scenario("j", TITLE, status="failed", note=f"The drain failed: {exc}")
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.work, ignore_errors=True)
 
     def values(side: str, what: str) -> list[float]:
         return [getattr(d, what)() if what.startswith("rate") else getattr(d, what)
@@ -235,9 +271,11 @@ def drain(env: Env) -> Scenario:
         f"{count:,} messages in dialogs of {min(BATCH, count)}, RECEIVE TOP({BATCH}). Per round "
         "and reader (messages, first and latest message in seconds after the launch): Spark "
         f"{[d.per_reader for d in drains['spark']]}, Python "
-        f"{[d.per_reader for d in drains['python']]}; the Spark summaries in reader_runs "
+        f"{[d.per_reader for d in drains['python']]}, cluster "
+        f"{[d.per_reader for d in drains['cluster']]}; the Spark summaries in reader_runs "
         f"counted {received} received. Launch to exit (median, with the {IDLE_EXIT:g} s "
-        f"idle wait): Spark {wall('spark'):.1f} s, Python {wall('python'):.1f} s."
+        f"idle wait): Spark {wall('spark'):.1f} s, Python {wall('python'):.1f} s, cluster "
+        f"{wall('cluster'):.1f} s."
     )
     rows = []
     for name, what, unit, higher in (
@@ -251,4 +289,8 @@ def drain(env: Env) -> Scenario:
         rows.append(Row(f"{name}, {READERS} readers", unit, PEER_LABEL, median(peer),
                         median(ours), higher_is_better=higher, peer_rounds=peer,
                         ours_rounds=ours))
+        on_cluster = values("cluster", what)
+        rows.append(Row(f"{name}, {READERS} readers on a standalone cluster", unit,
+                        LOCAL_LABEL, median(ours), median(on_cluster),
+                        higher_is_better=higher, peer_rounds=ours, ours_rounds=on_cluster))
     return Scenario("j", f"{TITLE}, {count:,} messages", note=note, rows=rows)

@@ -18,9 +18,11 @@ To run it:
    ``activate_brokerage_readers`` (QUEUE_ACTIVATION on BrokerageQueue).
 2. Keep ``airflow-broker worker`` running against the same database: its queue monitors send
    the QUEUE_ACTIVATION notifications (``broker_maintenance`` leaves activation to it).
-3. Create the Spark connection ``spark_local`` in JSON form,
-   ``{"conn_type": "spark", "host": "local[2]"}`` (the URI form spark://local[2] silently
-   means yarn), or point it at your cluster.
+3. Point the Spark connection ``spark_default`` at your cluster, in JSON form:
+   ``{"conn_type": "spark", "host": "spark://spark-master:7077"}`` for a standalone master
+   (``yarn``, ``k8s://https://...``, or ``local[2]`` to try it on the Airflow worker; the URI
+   form spark://local[2] silently means yarn). The operator ships the engine, its
+   dependencies and the DSN to the executors itself (docs/spark.md).
 4. Unpause ``broker_spark_readers`` and trigger ``broker_stock_trade``: its trades start a
    reader job, and the trader receives the acknowledgements.
 
@@ -49,7 +51,7 @@ else:
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 POST_EVENT_NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification"
-SPARK_CONN_ID = "spark_local"
+SPARK_CONN_ID = "spark_default"
 
 # The stock-trade application, and the event-based activation of BrokerageQueue's readers.
 SPEC: dict[str, Any] = {

@@ -229,7 +229,7 @@ def test_spark_readers_setup_makes_trades_activate_the_readers(
 @pytest.mark.slow
 def test_spark_readers_are_the_brokerage(run_dag: RunDag, broker_conn: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL",
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT",
                        json.dumps({"conn_type": "spark", "host": "local[2]"}))
     assert task_states(run_dag("broker_spark_readers_setup")) == {"setup": "success"}
     with Broker(broker_conn) as broker:

@@ -4,6 +4,9 @@
 * ``system_databases``: Airflow's metadata database and the broker's database, separate
   databases on the session's PostgreSQL (tests/conftest.py).
 * ``system_mailbox``: an SMTP server on 127.0.0.1, the deployment's ``smtp_default``.
+* ``spark_cluster``: a Spark standalone master and two workers of one core each on 127.0.0.1
+  (tests/spark_cluster.py), whose Python has neither the project nor psycopg; the
+  deployment's ``spark_default``.
 * ``airflow_deployment``: api-server, scheduler, dag-processor, triggerer and the broker worker,
   running and healthy; ``airflow_api``: a logged-in REST API client.
 
@@ -35,6 +38,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from airflow_broker.migrations import install
 from tests.conftest import fresh_database
+from tests.spark_cluster import SparkCluster
 from tests.system.api import AirflowApi
 from tests.system.deployment import Deployment
 from tests.system.install import ROOT, InstalledProject, imported_from, install_project
@@ -139,6 +143,15 @@ def system_mailbox() -> Iterator[Mailbox]:
         controller.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_cluster(system_home: Path) -> Iterator[SparkCluster]:
+    cluster = SparkCluster(system_home / "spark")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
 def sqlalchemy_url(dsn: str) -> str:
     """Airflow's SQLAlchemy URL (psycopg 3, the driver installed) for a libpq DSN. A Unix
     socket directory (the embedded PostgreSQL) goes into the query, where it needs no
@@ -172,7 +185,7 @@ def connection_json(dsn: str, broker_schema: str = "broker") -> str:
 
 
 def deployment_env(home: Path, project: InstalledProject, databases: SystemDatabases,
-                   smtp_port: int, api_port: int) -> dict[str, str]:
+                   smtp_port: int, api_port: int, spark_master: str) -> dict[str, str]:
     """The environment of every component: the host's, without anything Airflow-, Python- or
     Spark-specific that a developer's shell or this pytest process holds, plus the
     deployment's configuration."""
@@ -214,6 +227,9 @@ def deployment_env(home: Path, project: InstalledProject, databases: SystemDatab
         # The demo DAG's connection: the same database, its own broker schema.
         "AIRFLOW_CONN_BROKER_DEMO": connection_json(databases.broker_dsn, "broker_demo"),
         "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": spark_master}),
+        # The Spark drivers (client mode) listen where the cluster can reach them.
+        "SPARK_LOCAL_IP": "127.0.0.1",
         "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps({
             "conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port,
             "extra": {"disable_tls": True, "disable_ssl": True, "retry_limit": 0,
@@ -225,7 +241,8 @@ def deployment_env(home: Path, project: InstalledProject, databases: SystemDatab
 
 @contextmanager
 def running_deployment(home: Path, project: InstalledProject, databases: SystemDatabases,
-                       smtp_port: int, timings: dict[str, float]) -> Iterator[Deployment]:
+                       smtp_port: int, timings: dict[str, float],
+                       spark_master: str = "local[2]") -> Iterator[Deployment]:
     """Every component started and the api-server reporting the metadatabase, scheduler,
     triggerer and dag-processor healthy; everything stopped at the end (also used by
     bench/airflow_latency.py)."""
@@ -239,7 +256,7 @@ def running_deployment(home: Path, project: InstalledProject, databases: SystemD
     # The simple auth manager generates passwords only for users missing from this file.
     (home / "passwords.json").write_text(json.dumps({USERNAME: password}))
     api_port = _free_port()
-    env = deployment_env(home, project, databases, smtp_port, api_port)
+    env = deployment_env(home, project, databases, smtp_port, api_port, spark_master)
     deployment = Deployment(home, project, env, api_url=f"http://127.0.0.1:{api_port}",
                             api_user=(USERNAME, password), broker_dsn=databases.broker_dsn)
     api = AirflowApi(deployment)
@@ -259,11 +276,13 @@ def running_deployment(home: Path, project: InstalledProject, databases: SystemD
 @pytest.fixture(scope="session")
 def airflow_deployment(system_home: Path, installed_project: InstalledProject,
                        system_databases: SystemDatabases, system_mailbox: Mailbox,
+                       spark_cluster: SparkCluster,
                        request: pytest.FixtureRequest) -> Iterator[Deployment]:
-    """The running deployment (:func:`running_deployment`)."""
+    """The running deployment (:func:`running_deployment`), submitting to ``spark_cluster``."""
     timings = request.config.stash.setdefault(_timings, {})
     with running_deployment(system_home / "airflow", installed_project, system_databases,
-                            system_mailbox.port, timings) as deployment:
+                            system_mailbox.port, timings,
+                            spark_cluster.master_url) as deployment:
         yield deployment
 
 

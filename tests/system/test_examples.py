@@ -51,9 +51,12 @@ def test_trading_demo(airflow_api: AirflowApi, system_databases: SystemDatabases
     """`make demo`'s DAG under the scheduler: its Spark readers import the handler in
     processes where Airflow cannot be imported."""
     run = airflow_api.run_dag("broker_trading_demo", {"accounts": 4, "trades_per_account": 5})
-    # The demo's settlement queue is poisoned on purpose: its alert is the one warning.
+    # The demo poisons its settlement queue and some trades on purpose: their alert and
+    # quarantine lines are the warnings.
     succeeded(airflow_api, "broker_trading_demo", run,
-              expected=("queue SettlementQueue was disabled (POISON)",))
+              expected=("queue SettlementQueue was disabled (POISON)",
+                        # the invalid trades quarantined by the readers, in their log
+                        "-> quarantined"))
     dsn = system_databases.broker_dsn
     assert count(dsn, "SELECT count(*) FROM broker_demo.booked_trades") > 0
     assert count(dsn, "SELECT count(*) FROM broker_demo.quarantined_messages") > 0
