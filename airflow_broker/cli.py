@@ -111,12 +111,18 @@ def _enable_queue(args: argparse.Namespace) -> int:
 
 
 def _server(args: argparse.Namespace) -> int:
-    server = EmbeddedPostgres(args.data_dir, keep_running=args.action == "start")
+    if args.listen and args.action != "start":
+        print("airflow-broker: --listen goes with `server start`", file=sys.stderr)
+        return 2
+    server = EmbeddedPostgres(args.data_dir, keep_running=args.action == "start",
+                              listen=args.listen, port=args.port)
     if args.action == "stop":
         server.stop()
         print(f"stopped the embedded PostgreSQL in {server.data_dir}")
-    else:
-        print(server.ensure_database())
+        return 0
+    uri = server.ensure_database()
+    # The TCP DSN names the password file; the password itself is never printed.
+    print(server.tcp_dsn() if args.tcp or args.listen else uri)
     return 0
 
 
@@ -200,6 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("action", choices=["start", "uri", "stop"])
     server.add_argument("--data-dir", default=None,
                         help=f"data directory (default: {default_data_dir()})")
+    server.add_argument("--listen", metavar="ADDRESS",
+                        help="start: also listen on TCP at this address (127.0.0.1, or an "
+                             "address other hosts reach), with scram-sha-256 and a generated "
+                             "password kept in a 0600 file of the data directory")
+    server.add_argument("--port", type=int, help="start --listen: the TCP port (default: a "
+                                                 "free one, kept for later starts)")
+    server.add_argument("--tcp", action="store_true",
+                        help="uri: the TCP DSN (without the password: it names the file)")
     server.set_defaults(run=_server)
 
     args = parser.parse_args(argv)

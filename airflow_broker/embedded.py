@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import ipaddress
+import json
 import logging
 import os
+import secrets
+import socket
 import subprocess
 import warnings
 from pathlib import Path
@@ -13,6 +17,7 @@ from typing import Any
 import platformdirs
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,10 @@ def default_data_dir() -> Path:
 # mark, the first command after `server start` (`server uri`, `install`, `doctor`) would stop the
 # server under every client when it exited.
 KEEP_RUNNING_MARK = "airflow-broker-keep-running"
+# The TCP listener asked for (address and port), so that whichever process starts the server
+# next starts it listening there too; and the password of that listener, for libpq.
+LISTEN_FILE = "airflow-broker-listen.json"
+PASSWORD_FILE = "airflow-broker.pgpass"
 
 
 class EmbeddedPostgres:
@@ -42,12 +51,23 @@ class EmbeddedPostgres:
     ``stop()`` stops it at once.
     """
 
-    def __init__(self, data_dir: Path | str | None = None, *, keep_running: bool = False) -> None:
+    def __init__(self, data_dir: Path | str | None = None, *, keep_running: bool = False,
+                 listen: str | None = None, port: int | None = None) -> None:
+        """``listen``: also accept TCP connections on this address (with scram-sha-256 and a
+        generated password, see ``tcp_dsn()``), for clients on other hosts such as Spark
+        executors; remembered in the data directory. ``port``: its port (default: a free
+        one, chosen once)."""
         with warnings.catch_warnings():
             # pgserver keeps its lock file in the runtime directory; where XDG_RUNTIME_DIR is
             # unset platformdirs warns and falls back to a /tmp folder, which works as well.
             warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
-            import pgserver
+            try:
+                import pgserver
+            except ImportError as exc:
+                raise RuntimeError(
+                    "no DSN is configured, and the embedded PostgreSQL needs the `embedded` "
+                    "extra: pip install 'airflow-broker[embedded]', or set AIRFLOW_BROKER_DSN "
+                    "(or --dsn)") from exc
 
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -66,9 +86,87 @@ class EmbeddedPostgres:
         if keep_running:
             # Only now: initdb refuses a data directory that holds any file.
             mark.touch()
+        saved = self._listening()
+        if listen is not None:
+            ipaddress.ip_address(listen)  # a clear error for a host name or a typo
+            keep = saved is not None and saved[0] == listen and port in (None, saved[1])
+            chosen = saved if keep and saved is not None else (listen, port or _free_port(listen))
+            (self.data_dir / LISTEN_FILE).write_text(json.dumps(
+                {"address": chosen[0], "port": chosen[1]}))
+            saved = chosen
+        if saved is not None:
+            self._serve_tcp(*saved)
+
+    def _listening(self) -> tuple[str, int] | None:
+        path = self.data_dir / LISTEN_FILE
+        if not path.exists():
+            return None
+        saved = json.loads(path.read_text())
+        return str(saved["address"]), int(saved["port"])
+
+    def _serve_tcp(self, address: str, port: int) -> None:
+        """The server listening on ``address``:``port`` (besides its Unix socket), TCP clients
+        authenticated with scram-sha-256 and a password only the password file holds."""
+        info = self._server.get_postmaster_info()
+        if info.hostname == address and info.port == port:
+            return
+        user = str(conninfo_to_dict(self.uri("postgres"))["user"])
+        passfile = self.data_dir / PASSWORD_FILE
+        if not passfile.exists():
+            password = secrets.token_urlsafe(24)
+            with psycopg.connect(self.uri("postgres"), autocommit=True) as conn:
+                # Only the SCRAM verifier reaches the server (and so never a server log).
+                verifier = conn.pgconn.encrypt_password(password.encode(), user.encode(),
+                                                        b"scram-sha-256")
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(user), sql.Literal(verifier.decode())))
+            fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(f"*:*:*:{user}:{password}\n")
+        hba = self.data_dir / "pg_hba.conf"
+        width = 32 if ipaddress.ip_address(address).version == 4 else 128
+        line = f"host all all {address}/{width} scram-sha-256"
+        lines = hba.read_text().splitlines()
+        if line not in lines:
+            # First, so that no trust line (initdb's defaults) matches a TCP client before it.
+            hba.write_text("\n".join([line, *lines]) + "\n")
+        log.info("the embedded PostgreSQL listens on %s:%s as well", address, port)
+        self.shut_down()
+        self._start_listening(address, port)
+
+    def _start_listening(self, address: str, port: int) -> None:
+        from pgserver import _commands
+        from pgserver.utils import PostmasterInfo
+
+        socket_dir = self._server.get_postmaster_info().socket_dir or self.data_dir
+        _commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-o", f"-h {address}", "-o", f"-k {socket_dir}", "-o", f"-p {port}",
+             "-l", str(self._server.log), "start"],
+            pgdata=self.data_dir, user=self._server.system_user, timeout=60)
+        # pgserver reads the running server's socket and port from postmaster.pid.
+        self._server._postmaster_info = PostmasterInfo.read_from_pgdata(self.data_dir)
+
+    def tcp_dsn(self, database: str = DATABASE) -> str:
+        """A libpq DSN over TCP for clients on other hosts; its password is in the password
+        file it names (``passfile``), never in the DSN."""
+        listening = self._listening()
+        if listening is None:
+            raise RuntimeError("the embedded PostgreSQL does not listen on TCP: start it with "
+                               "`airflow-broker server start --listen ADDRESS`")
+        user = str(conninfo_to_dict(self.uri("postgres"))["user"])
+        return make_conninfo(host=listening[0], port=listening[1], dbname=database, user=user,
+                             passfile=str(self.data_dir / PASSWORD_FILE))
+
+    def tcp_password(self) -> str:
+        """The TCP listener's password, for a caller that hands it to another host (the
+        broker connection of an Airflow deployment whose Spark executors run elsewhere)."""
+        return (self.data_dir / PASSWORD_FILE).read_text().strip().rsplit(":", 1)[1]
 
     def uri(self, database: str = DATABASE) -> str:
-        return str(self._server.get_uri(database))
+        uri = str(self._server.get_uri(database))
+        port = self._server.get_postmaster_info().port
+        # pgserver's URI names the socket directory only, which means port 5432.
+        return uri if port in (None, 5432) or "port=" in uri else f"{uri}&port={port}"
 
     def ensure_database(self, database: str = DATABASE) -> str:
         """Creates ``database`` when missing and returns its URI."""
@@ -116,7 +214,11 @@ class EmbeddedPostgres:
 
     def start(self) -> None:
         """Starts the server again after ``shut_down()``."""
-        self._server.ensure_postgres_running()
+        listening = self._listening()
+        if listening is not None:
+            self._start_listening(*listening)
+        else:
+            self._server.ensure_postgres_running()
 
     def release(self) -> None:
         """Gives up this process's use of the server: it stops if this was the last user and
@@ -139,3 +241,11 @@ class EmbeddedPostgres:
         # pgserver would clean up again at interpreter exit, logging to streams that may be
         # closed by then.
         atexit.unregister(self._server._cleanup)
+
+
+def _free_port(address: str) -> int:
+    family = socket.AF_INET if ipaddress.ip_address(address).version == 4 else socket.AF_INET6
+    with socket.socket(family) as probe:
+        probe.bind((address, 0))
+        port: int = probe.getsockname()[1]
+        return port
