@@ -6,9 +6,12 @@ import argparse
 import logging
 import sys
 
+import psycopg
+
 from airflow_broker.broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres, default_data_dir
 from airflow_broker.errors import BrokerError
+from airflow_broker.redaction import redact
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -224,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokerError as exc:
         print(f"airflow-broker: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.Error as exc:
+        # libpq's messages may quote the connection string given.
+        what = "database error" if exc.sqlstate else "cannot connect"
+        print(f"airflow-broker: {what}: {redact(str(exc).strip())}", file=sys.stderr)
         return 2
 
 

@@ -16,7 +16,8 @@ from airflow_broker import migrations
 from airflow_broker.activation import activation_command, is_python_target, load_target
 from airflow_broker.broker import Broker
 from airflow_broker.messages import MAX_MESSAGE_SIZE
-from airflow_broker.transport import AddressError, masked, resolve_address
+from airflow_broker.redaction import redact
+from airflow_broker.transport import AddressError, resolve_address
 
 ERROR = "error"
 WARNING = "warning"
@@ -30,6 +31,11 @@ class Finding:
     subject: str
     problem: str
     fix: str
+
+    def __post_init__(self) -> None:
+        # Findings quote addresses and driver errors; the report never shows a password.
+        for name in ("subject", "problem", "fix"):
+            object.__setattr__(self, name, redact(getattr(self, name)))
 
 
 @dataclass
@@ -254,7 +260,7 @@ def check_routes(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iter
 
 def _check_far_broker(route: str, service: str | None, instance: str | None, address: str,
                       me: str, senders: list[str]) -> Iterator[Finding]:
-    subject = f"route {route} ({masked(address)})"
+    subject = f"route {route} ({redact(address)})"
     try:
         far = resolve_address(address)
         conn = psycopg.connect(far.dsn, connect_timeout=5, autocommit=True)

@@ -26,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
+from airflow_broker.redaction import redact
 from airflow_broker.validation import MessageTypeInfo, verdict
 
 if TYPE_CHECKING:
@@ -62,15 +63,15 @@ def resolve_address(address: str) -> FarBroker:
             else:
                 from airflow_broker.hooks.broker import BrokerConnectionInfo
         except ImportError as exc:  # Airflow is an optional extra
-            raise AddressError(f"{address}: Airflow is not installed ({exc})") from None
+            raise AddressError(f"{redact(address)}: Airflow is not installed ({exc})") from None
         try:
             info = BrokerConnectionInfo.from_connection(airflow_connection(conn_id))
         except Exception as exc:  # Airflow raises its own not-found types per version
-            raise AddressError(f"{address}: {exc}") from None
+            raise AddressError(redact(f"{address}: {exc}")) from None
         return FarBroker(info.dsn, info.schema)
     parts = urlsplit(address)
     if parts.scheme.lower() not in ("postgresql", "postgres"):
-        raise AddressError(f"{address}: not a postgresql:// or airflow:// address")
+        raise AddressError(f"{redact(address)}: not a postgresql:// or airflow:// address")
     query = parse_qsl(parts.query, keep_blank_values=True)
     schema = next((v for k, v in query if k == "broker_schema"), DEFAULT_SCHEMA)
     rest = [(k, v) for k, v in query if k != "broker_schema"]
@@ -117,15 +118,6 @@ def address_of(dsn: str, schema: str | None = None) -> str:
         params["broker_schema"] = schema
     query = f"?{urlencode(params, quote_via=quote)}" if params else ""
     return f"postgresql://{netloc}/{dbname}{query}"
-
-
-def masked(address: str) -> str:
-    """The address without its password, for logs and reports."""
-    parts = urlsplit(address)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    return address
 
 
 @dataclass
@@ -190,13 +182,13 @@ class Transport:
                     outcomes, far_guid = self._push(address, me, batch)
                 except (psycopg.OperationalError, AddressError, OSError) as exc:
                     reason = _reason(exc)
-                    log.warning("transport: %s: %s", masked(address), reason)
+                    log.warning("transport: %s: %s", redact(address), reason)
                     outcomes = [Outcome("hold", status=UNREACHABLE.format(reason))] * len(batch)
                 except psycopg.Error as exc:
                     # Reached, but the far broker failed the batch (an older schema there, a
                     # permission missing): nothing of it was committed.
                     reason = _reason(exc)
-                    log.error("transport: %s refused a batch: %s", masked(address), reason)
+                    log.error("transport: %s refused a batch: %s", redact(address), reason)
                     outcomes = [Outcome("hold", status=REFUSED.format(reason))] * len(batch)
                 conn.execute(self._apply, [
                     [r[0] for r in batch], [o.outcome for o in outcomes],
@@ -314,5 +306,7 @@ class Transport:
 
 
 def _reason(exc: BaseException) -> str:
+    """The first line of a driver error, which libpq lets quote a connection string: it goes
+    into logs and transmission_status."""
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return redact(text[0]) if text else type(exc).__name__
