@@ -209,10 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("action", choices=["start", "uri", "stop"])
     server.add_argument("--data-dir", default=None,
                         help=f"data directory (default: {default_data_dir()})")
-    server.add_argument("--listen", metavar="ADDRESS",
-                        help="start: also listen on TCP at this address (127.0.0.1, or an "
-                             "address other hosts reach), with scram-sha-256 and a generated "
-                             "password kept in a 0600 file of the data directory")
+    server.add_argument("--listen", metavar="ADDRESS", nargs="?", const="127.0.0.1",
+                        help="start: also listen on TCP at this address (127.0.0.1 when none "
+                             "is given, or an address other hosts reach), with scram-sha-256 "
+                             "and a generated password kept in a 0600 file of the data "
+                             "directory")
     server.add_argument("--port", type=int, help="start --listen: the TCP port (default: a "
                                                  "free one, kept for later starts)")
     server.add_argument("--tcp", action="store_true",

@@ -35,7 +35,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_tcp_listener_with_a_password_only_its_file_holds(data_dir: Path) -> None:
-    started = cli("server", "start", "--data-dir", str(data_dir), "--listen", "127.0.0.1")
+    started = cli("server", "start", "--listen", "--data-dir", str(data_dir))
     password = EmbeddedPostgres(data_dir).tcp_password()
     printed = cli("server", "uri", "--tcp", "--data-dir", str(data_dir))
     for output in (started, printed):
