@@ -10,11 +10,17 @@ returns; the queue monitor starts readers again while messages remain.
 EXECUTE AS a role name runs the reader's statements under SET ROLE; SELF and OWNER run as the
 broker's own login. Every reader's start, end, outcome, messages and error go to
 ``activation_log``.
+
+The worker starts only targets of its own list (``airflow-broker worker --activation-target
+PATTERN``, or AIRFLOW_BROKER_ACTIVATION_TARGETS), kept outside the database: the right to
+create or alter a queue is not the right to run a program on the worker's machine. A queue
+whose procedure is not on the list is refused, logged and recorded in ``activation_log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import importlib
 import logging
 import os
@@ -24,7 +30,7 @@ import subprocess
 import sys
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
@@ -35,6 +41,18 @@ from airflow_broker.broker import Broker
 log = logging.getLogger(__name__)
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+TARGETS_VARIABLE = "AIRFLOW_BROKER_ACTIVATION_TARGETS"
+
+
+def configured_targets() -> list[str]:
+    """The activation targets of AIRFLOW_BROKER_ACTIVATION_TARGETS (comma-separated)."""
+    return [t.strip() for t in os.environ.get(TARGETS_VARIABLE, "").split(",") if t.strip()]
+
+
+def target_allowed(procedure: str, targets: Sequence[str]) -> bool:
+    """Whether ``procedure`` is on the list: a pattern matches it whole (``*`` and ``?`` as in
+    file names, so ``trading.readers:*`` allows every function of one module)."""
+    return any(fnmatch.fnmatchcase(procedure, pattern) for pattern in targets)
 
 
 @dataclass
@@ -91,6 +109,8 @@ class ActivationManager:
     the same queue."""
 
     broker: Broker
+    # The activation targets this worker may start (patterns; see target_allowed).
+    targets: Sequence[str] = field(default_factory=configured_targets)
     readers: dict[uuid.UUID, _Reader] = field(default_factory=dict)
     _leader: psycopg.Connection[tuple[object, ...]] | None = None
 
@@ -170,10 +190,15 @@ class ActivationManager:
             "AIRFLOW_BROKER_ROLE": role_for(execute_as) or "",
         }
         try:
+            if not target_allowed(procedure, self.targets):
+                raise PermissionError(
+                    f"{procedure!r} is not among the worker's activation targets (start the "
+                    f"worker with --activation-target, or set {TARGETS_VARIABLE})")
             process = subprocess.Popen(activation_command(procedure), env=env)
         except (OSError, ValueError) as exc:
-            # A procedure that cannot start (no such program, an unbalanced quote) is this
-            # queue's problem: it is logged and recorded, and every other queue goes on.
+            # A procedure that cannot or may not start (no such program, an unbalanced quote,
+            # not on the list) is this queue's problem: it is logged and recorded, and every
+            # other queue goes on.
             conn.execute(sql.SQL("SELECT {}.activation_started(%s, %s, NULL)").format(
                 sql.Identifier(self.broker.schema)), [task_id, queue_id])
             conn.execute(sql.SQL("SELECT {}.activation_ended(%s, 'aborted', 0, 0, %s)").format(

@@ -42,7 +42,8 @@ def _worker(args: argparse.Namespace) -> int:
     from airflow_broker.worker import BrokerWorker
 
     with Broker(args.dsn, schema=args.schema, application_name="airflow-broker-worker") as broker:
-        worker = BrokerWorker(broker, batch_size=args.batch_size, interval=args.interval)
+        worker = BrokerWorker(broker, batch_size=args.batch_size, interval=args.interval,
+                              activation_targets=args.activation_target)
         if args.once:
             print(worker.run_once())
         else:
@@ -156,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--once", action="store_true", help="one pass, then exit")
     worker.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
     worker.add_argument("--batch-size", type=int, default=1000, help="rows per transaction")
+    worker.add_argument("--activation-target", action="append", metavar="PATTERN",
+                        help="an activation procedure this worker may start, e.g. "
+                             "'trading.readers:*' (repeat for more; default: "
+                             "AIRFLOW_BROKER_ACTIVATION_TARGETS, comma-separated); queues with "
+                             "any other procedure are refused")
     worker.set_defaults(run=_worker)
 
     cleanup = commands.add_parser(

@@ -162,6 +162,21 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                               "balanced quotes, or a package.module:function")
 
 
+    # What the worker last did for each activated queue: a procedure it could not or may not
+    # start is refused there, every pass, in its log; here it is said once, with the fix.
+    for name, error in _rows(conn, """
+            SELECT DISTINCT ON (a.queue_id) q.name, a.exception
+              FROM {s}.activation_log a JOIN {s}.queues q ON q.object_id = a.queue_id
+             WHERE q.is_activation_enabled
+             ORDER BY a.queue_id, a.started_at DESC""", schema):
+        if error and error.startswith("could not start"):
+            yield Finding(ERROR, "activation", name,
+                          f"the broker worker did not start the activation procedure: {error}",
+                          "add it to the worker's activation targets (airflow-broker worker "
+                          "--activation-target PATTERN) if it is meant to run there, or "
+                          "correct PROCEDURE_NAME")
+
+
 def check_monitors(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
     for name, stuck_for, last_activated in _rows(conn, """
             SELECT queue_name, stuck_for, last_activated_time FROM {s}.stuck_queue_monitors

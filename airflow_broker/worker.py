@@ -19,7 +19,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from types import FrameType
 
@@ -27,7 +27,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from airflow_broker.activation import ActivationManager
+from airflow_broker.activation import ActivationManager, configured_targets
 from airflow_broker.broker import Broker
 from airflow_broker.transport import Transport
 
@@ -61,11 +61,17 @@ class PassResult:
 
 class BrokerWorker:
     def __init__(self, broker: Broker, *, batch_size: int = 1000, interval: float = 1.0,
-                 activation: bool = True, transport: bool = True) -> None:
+                 activation: bool = True, transport: bool = True,
+                 activation_targets: Sequence[str] | None = None) -> None:
+        """``activation_targets``: the activation procedures this worker may start (patterns,
+        default: AIRFLOW_BROKER_ACTIVATION_TARGETS)."""
         self.broker = broker
         self.batch_size = batch_size
         self.interval = interval
-        self.activation = ActivationManager(broker) if activation else None
+        self.activation = (ActivationManager(broker, activation_targets
+                                             if activation_targets is not None
+                                             else configured_targets())
+                           if activation else None)
         self.transport = Transport(broker, batch_size=batch_size) if transport else None
         self._stop = threading.Event()
         self._calls = {

@@ -9,13 +9,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from airflow_broker import Broker
-from airflow_broker.activation import ActivationManager
+from airflow_broker.activation import TARGETS_VARIABLE, ActivationManager
 from airflow_broker.doctor import diagnose
 from airflow_broker.worker import BrokerWorker
 from tests.conftest import App
@@ -31,7 +32,9 @@ def importable_readers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def activation_app(app: App) -> App:
+def activation_app(app: App, monkeypatch: pytest.MonkeyPatch) -> App:
+    # The worker's list of what it may start: this folder's readers.
+    monkeypatch.setenv(TARGETS_VARIABLE, "tests.activation_readers:*")
     with psycopg.connect(app.broker.dsn) as conn:
         conn.execute("CREATE TABLE public.processed (message_id uuid PRIMARY KEY,"
                      " task_id uuid NOT NULL)")
@@ -273,10 +276,12 @@ def test_T_AC_01_no_reader_starts_while_the_broker_is_disabled(
     assert manager.step() == 1
 
 
-def test_a_procedure_that_cannot_start_stops_only_its_own_queue(activation_app: App) -> None:
+def test_a_procedure_that_cannot_start_stops_only_its_own_queue(
+        activation_app: App, monkeypatch: pytest.MonkeyPatch) -> None:
     """An unbalanced quote in one queue's procedure is that queue's finding: the worker's pass
     goes on, other queues are activated and timers fire."""
     broker = activation_app.broker
+    monkeypatch.setenv(TARGETS_VARIABLE, os.environ[TARGETS_VARIABLE] + ',echo "x')
     with broker.transaction() as tx:
         tx.create_queue("q_bad", activation_status=True, activation_procedure='echo "x',
                         max_queue_readers=1)
@@ -305,8 +310,9 @@ def test_a_procedure_that_cannot_start_stops_only_its_own_queue(activation_app: 
                    if name == "q_bad")
         findings = [f for f in diagnose(broker).findings
                     if f.check == "activation" and f.subject == "q_bad"]
-        assert [f.severity for f in findings] == ["error"]
+        assert [f.severity for f in findings] == ["error", "error"]
         assert "not a command line" in findings[0].problem
+        assert "did not start the activation procedure" in findings[1].problem
     finally:
         if worker.activation is not None:
             worker.activation.stop(timeout=30)
@@ -378,3 +384,38 @@ def test_activation_drains_1000_messages_with_at_most_3_readers(activation_app: 
         running += delta
         peak = max(peak, running)
     assert 2 <= peak <= 3
+
+
+def test_a_procedure_off_the_workers_list_never_runs(activation_app: App,
+                                                     tmp_path: Path) -> None:
+    """The right to alter a queue is not the right to run a program on the worker's machine:
+    a command target missing from the worker's list is refused, logged and reported."""
+    broker = activation_app.broker
+    ran = tmp_path / "ran"
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                       activation_procedure=f"touch {ran}")
+        # A Python target of another module is refused as well.
+        tx.create_queue("q_py", activation_status=True, max_queue_readers=1,
+                        activation_procedure="airflow_broker.trading:book_trade")
+        tx.create_service("Py", "q_py", ["C"])
+        tx.send(tx.begin_dialog("I", "Py", "C"), "Req", "for q_py")
+    fill(activation_app, 1)
+    worker = BrokerWorker(broker, transport=False)
+    try:
+        assert worker.run_once().readers_started == 0
+    finally:
+        assert worker.activation is not None
+        worker.activation.stop(timeout=30)
+        worker.activation.close()
+    assert not ran.exists()
+    with psycopg.connect(broker.dsn) as conn:
+        log = conn.execute("SELECT outcome, exception FROM broker.activation_log"
+                           " ORDER BY started_at").fetchall()
+    assert [outcome for outcome, _ in log] == ["aborted", "aborted"]
+    assert all("is not among the worker's activation targets" in e for _, e in log)
+    findings = {f.subject: f for f in diagnose(broker).findings if f.check == "activation"}
+    assert f"touch {ran}" in findings["q_t"].problem
+    assert "airflow_broker.trading:book_trade" in findings["q_py"].problem
+    assert "--activation-target" in findings["q_py"].fix
+    assert count(broker, "SELECT count(*) FROM broker.queue_messages") == 2

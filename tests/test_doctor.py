@@ -62,7 +62,7 @@ def test_doctor_finds_each_fault(
                         max_queue_readers=1)
         tx.create_service("Stubbed", "q_stub", ["C"])
         tx.send(tx.begin_dialog("I", "Stubbed", "C"), "Req", "waits forever")
-    manager = ActivationManager(broker)
+    manager = ActivationManager(broker, ["tests.activation_readers:*"])
     assert manager.step() == 1
     manager.stop()
     manager.close()
