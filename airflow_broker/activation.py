@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import importlib
 import logging
 import os
 import re
@@ -37,6 +36,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_broker.broker import Broker
+from airflow_broker.reader import load_callable
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,7 @@ def is_python_target(target: str) -> bool:
 
 
 def load_target(target: str) -> Callable[[ActivationContext], object]:
-    module_name, _, attribute = target.partition(":")
-    obj: object = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"activation target {target!r} is not callable")
-    return obj
+    return load_callable(target, "activation target")
 
 
 def activation_command(procedure: str) -> list[str]:

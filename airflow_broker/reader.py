@@ -29,8 +29,8 @@ handler.
 
 from __future__ import annotations
 
-import importlib
 import logging
+import pkgutil
 import time
 import traceback
 import uuid
@@ -121,16 +121,16 @@ class ReaderContext:
         self.stats.ended += 1
 
 
-def load_callable(path: str) -> Callable[..., Any]:
+def load_callable(path: str, what: str = "handler") -> Callable[..., Any]:
+    """The callable named ``package.module:function`` (``what`` names it in errors)."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"handler {path!r} is not of the form package.module:function")
-    obj: Any = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        obj = getattr(obj, part)
+        raise ValueError(f"{what} {path!r} is not of the form package.module:function")
+    obj = pkgutil.resolve_name(path)
     if not callable(obj):
-        raise TypeError(f"handler {path!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+        raise TypeError(f"{what} {path!r} is not callable")
+    result: Callable[..., Any] = obj
+    return result
 
 
 def messages_frame(messages: Sequence[Message]) -> Any:

@@ -8,8 +8,8 @@ Conversation handles travel through XCom as strings. Every operator takes ``brok
 from __future__ import annotations
 
 import base64
-import importlib
 import json
+import pkgutil
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -116,12 +116,7 @@ def load_callable(target: Callable[..., Any] | str) -> Callable[..., Any]:
     """A callable, or one named ``package.module:function`` / ``package.module.function``."""
     if callable(target):
         return target
-    module_name, sep, attribute = str(target).partition(":")
-    if not sep:
-        module_name, _, attribute = str(target).rpartition(".")
-    obj: Any = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        obj = getattr(obj, part)
+    obj: Any = pkgutil.resolve_name(str(target))
     if not callable(obj):
         raise TypeError(f"{target!r} is not callable")
     result: Callable[..., Any] = obj
