@@ -60,9 +60,13 @@ class AttemptLog:
     def __init__(self, broker: Broker, run_id: uuid.UUID, reader: int, attempt: int) -> None:
         self.broker = broker
         self.key = [run_id, reader, attempt]
+        from airflow_broker.reader import ReaderStats
+
         with broker.transaction() as tx:
             _call(tx, broker.schema, "reader_attempt_begin",
                   [*self.key, socket.gethostname(), os.getpid()])
+            # Every count from the start: a reader that finds the queue empty reports zeros.
+            self.progress(tx, ReaderStats(), [])
 
     def progress(self, tx: Transaction, stats: ReaderStats, events: list[dict[str, Any]]) -> None:
         """Inside the reader's transaction: commits, or rolls back, with its work."""

@@ -110,3 +110,15 @@ def test_readers_at_work_together_are_counted_as_concurrent(trading: App) -> Non
     later = attempt(trading, run_id, 2, 2)
     later.run()
     assert run_summary(trading.broker, run_id)["max_concurrent"] == 2
+
+
+def test_a_reader_that_found_nothing_reports_zeros(trading: App) -> None:
+    send_trades(trading, 1, 2)
+    run_id = uuid.uuid4()
+    busy, idle = attempt(trading, run_id, 0, 0), attempt(trading, run_id, 1, 1)
+    busy.run()
+    idle.run()
+    summary = run_summary(trading.broker, run_id)
+    assert [(r["reader"], r["received"], r["processed"]) for r in summary["per_reader"]] == [
+        (0, 2, 2), (1, 0, 0)]
+    assert [a["processed"] for a in summary["per_attempt"]] == [2, 0]
