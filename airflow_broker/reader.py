@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("retry", "quarantine", "end_conversation", "disable", "timer_retry")
+# Failures a reader keeps to report (its attempt's summary, the task log); the quarantine table
+# keeps every quarantined message.
+KEPT_EVENTS = 20
 
 
 class RollbackBatch(Exception):
@@ -164,7 +167,7 @@ class QueueReader:
             self._read()
         except Exception as exc:
             if self.attempt_log is not None:
-                self.attempt_log.end("failed", f"{type(exc).__name__}: {exc}"[:2000])
+                self.attempt_log.fail(exc)
             raise
         if self.attempt_log is not None:
             self.attempt_log.end("finished")
@@ -205,15 +208,15 @@ class QueueReader:
         except BaseException:
             failed, retried = self.stats.failed, self.stats.retried
             self.stats = replace(before, failed=failed, retried=retried)
-            if self.attempt_log is not None and failed != before.failed:
-                self.attempt_log.save(self.stats, self.events)
-            else:
+            if failed == before.failed:
                 del self.events[events_before:]
+            elif self.attempt_log is not None:
+                self.attempt_log.save(self.stats, self.events)
             raise
         return True
 
     def _event(self, message: Message, attempts: int, exc: BaseException, action: str) -> None:
-        if len(self.events) < 100:
+        if len(self.events) < KEPT_EVENTS:
             self.events.append({
                 "message_id": str(message.message_id),
                 "conversation_handle": str(message.conversation_handle),

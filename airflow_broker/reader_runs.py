@@ -15,42 +15,32 @@ import uuid
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from psycopg import sql
+from airflow_broker.reader import ReaderStats
 
 if TYPE_CHECKING:
     from airflow_broker.broker import Broker
-    from airflow_broker.reader import ReaderStats
     from airflow_broker.transaction import Transaction
 
-# Failures an attempt keeps for the task log; the quarantine table keeps every quarantined one.
-MAX_EVENTS = 20
 
-
-def _call(tx: Transaction, schema: str, function: str, args: list[Any]) -> Any:
-    placeholders = sql.SQL(", ").join([sql.Placeholder()] * len(args))
-    return tx.scalar(sql.SQL("SELECT {}.{}({})").format(
-        sql.Identifier(schema), sql.Identifier(function), placeholders), args)
+def _call(tx: Transaction, function: str, args: list[Any]) -> Any:
+    return tx.scalar(tx.function(function, len(args)), args)
 
 
 def begin_run(broker: Broker, run_id: uuid.UUID, queue_name: str, plan: dict[str, Any]) -> None:
     with broker.transaction() as tx:
-        _call(tx, broker.schema, "reader_run_begin", [run_id, queue_name, json.dumps(plan)])
+        _call(tx, "reader_run_begin", [run_id, queue_name, json.dumps(plan)])
 
 
 def run_summary(broker: Broker, run_id: uuid.UUID) -> dict[str, Any]:
     with broker.transaction() as tx:
-        summary: dict[str, Any] = _call(tx, broker.schema, "reader_run_summary", [run_id])
+        summary: dict[str, Any] = _call(tx, "reader_run_summary", [run_id])
     return summary
 
 
 def finish_run(broker: Broker, run_id: uuid.UUID) -> dict[str, Any]:
     """Stores the run's summary with the run and returns it."""
     with broker.transaction() as tx:
-        summary: dict[str, Any] = _call(tx, broker.schema, "reader_run_summary", [run_id])
-        tx.run(sql.SQL("UPDATE {}.reader_runs SET ended_at = {}.utc_now(), summary = %s::jsonb"
-                       " WHERE run_id = %s").format(sql.Identifier(broker.schema),
-                                                    sql.Identifier(broker.schema)),
-               [json.dumps(summary), run_id])
+        summary: dict[str, Any] = _call(tx, "reader_run_finish", [run_id])
     return summary
 
 
@@ -60,18 +50,16 @@ class AttemptLog:
     def __init__(self, broker: Broker, run_id: uuid.UUID, reader: int, attempt: int) -> None:
         self.broker = broker
         self.key = [run_id, reader, attempt]
-        from airflow_broker.reader import ReaderStats
-
         with broker.transaction() as tx:
-            _call(tx, broker.schema, "reader_attempt_begin",
+            _call(tx, "reader_attempt_begin",
                   [*self.key, socket.gethostname(), os.getpid()])
             # Every count from the start: a reader that finds the queue empty reports zeros.
             self.progress(tx, ReaderStats(), [])
 
     def progress(self, tx: Transaction, stats: ReaderStats, events: list[dict[str, Any]]) -> None:
         """Inside the reader's transaction: commits, or rolls back, with its work."""
-        _call(tx, self.broker.schema, "reader_attempt_progress",
-              [*self.key, json.dumps(asdict(stats)), json.dumps(events[:MAX_EVENTS])])
+        _call(tx, "reader_attempt_progress",
+              [*self.key, json.dumps(asdict(stats)), json.dumps(events)])
 
     def save(self, stats: ReaderStats, events: list[dict[str, Any]]) -> None:
         """After a rollback: what stays true of it (the failures and retries) in a
@@ -81,4 +69,7 @@ class AttemptLog:
 
     def end(self, status: str, error: str | None = None) -> None:
         with self.broker.transaction() as tx:
-            _call(tx, self.broker.schema, "reader_attempt_end", [*self.key, status, error])
+            _call(tx, "reader_attempt_end", [*self.key, status, error])
+
+    def fail(self, exc: BaseException) -> None:
+        self.end("failed", f"{type(exc).__name__}: {exc}"[:2000])

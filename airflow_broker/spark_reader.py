@@ -98,7 +98,7 @@ def read_partition(args: argparse.Namespace, index: int) -> Iterator[dict[str, A
         try:
             reader = QueueReader(broker, config, attempt_log=attempt_log)
         except Exception as exc:  # the handler cannot be imported here
-            attempt_log.end("failed", f"{type(exc).__name__}: {exc}"[:2000])
+            attempt_log.fail(exc)
             raise
         stats = reader.run()
     yield {"reader": index, "attempt": attempt, "pid": os.getpid(), **asdict(stats)}

@@ -98,13 +98,19 @@ def test_rolled_back_batches_count_their_failures_not_their_messages(trading: Ap
     assert {e["sequence"] for e in summary["events"]} == {0}
 
 
-def test_readers_at_work_together_are_counted_as_concurrent(trading: App) -> None:
-    send_trades(trading, 2, 3)
+def two_readers(app: App, conversations: int, per_conversation: int) -> uuid.UUID:
+    """Two readers of one run, the second begun (its AttemptLog) while the first is at work,
+    then run one after the other."""
+    send_trades(app, conversations, per_conversation)
     run_id = uuid.uuid4()
-    one, two = attempt(trading, run_id, 0, 0), attempt(trading, run_id, 1, 1)
-    one.run()
-    two.run()
-    # The second began (its AttemptLog) while the first was still at work.
+    first, second = attempt(app, run_id, 0, 0), attempt(app, run_id, 1, 1)
+    first.run()
+    second.run()
+    return run_id
+
+
+def test_readers_at_work_together_are_counted_as_concurrent(trading: App) -> None:
+    run_id = two_readers(trading, 2, 3)
     summary = run_summary(trading.broker, run_id)
     assert (summary["readers"], summary["max_concurrent"], summary["received"]) == (2, 2, 6)
     later = attempt(trading, run_id, 2, 2)
@@ -113,12 +119,7 @@ def test_readers_at_work_together_are_counted_as_concurrent(trading: App) -> Non
 
 
 def test_a_reader_that_found_nothing_reports_zeros(trading: App) -> None:
-    send_trades(trading, 1, 2)
-    run_id = uuid.uuid4()
-    busy, idle = attempt(trading, run_id, 0, 0), attempt(trading, run_id, 1, 1)
-    busy.run()
-    idle.run()
-    summary = run_summary(trading.broker, run_id)
+    summary = run_summary(trading.broker, two_readers(trading, 1, 2))
     assert [(r["reader"], r["received"], r["processed"]) for r in summary["per_reader"]] == [
         (0, 2, 2), (1, 0, 0)]
     assert [a["processed"] for a in summary["per_attempt"]] == [2, 0]

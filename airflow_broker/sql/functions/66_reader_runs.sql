@@ -89,3 +89,11 @@ RETURNS jsonb LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
             'events', (SELECT coalesce(jsonb_agg(e ORDER BY a.reader, a.started_at), '[]')
                          FROM a, jsonb_array_elements(a.events) e));
 $$;
+
+-- The run has ended: its summary is kept with it.
+CREATE OR REPLACE FUNCTION reader_run_finish(p_run_id uuid)
+RETURNS jsonb LANGUAGE sql SET search_path FROM CURRENT AS $$
+    UPDATE reader_runs SET ended_at = utc_now(), summary = reader_run_summary(p_run_id)
+     WHERE run_id = p_run_id
+    RETURNING summary;
+$$;
