@@ -83,8 +83,9 @@ class ActivatedReaderOperator(SparkSubmitOperator):
       (``python_environment="packed"``, the default), whose ``bin/python`` links to
       ``cluster_python`` (default: the base interpreter of Airflow's environment, for clusters
       built from the same image); or, with ``python_environment="cluster"``, the interpreter
-      the cluster is configured with (``spark.pyspark.python``, the workers' PYSPARK_PYTHON,
-      or ``cluster_python``), which must have airflow-broker installed;
+      the job is configured with (``spark.pyspark.python`` of the spark-defaults.conf, or
+      ``cluster_python``; Spark takes the executors' interpreter from the driver's settings,
+      never from the workers' PYSPARK_PYTHON), which must have airflow-broker installed;
     - the handler's module or top-level package, as ``py_files`` (``ship_handler``);
     - the DSN, as ``AIRFLOW_BROKER_DSN``, and its password, as ``PGPASSWORD``, through a
       properties file readable by the job's user only (for Kubernetes the password comes from
