@@ -23,13 +23,13 @@ from airflow_broker import migrations
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.errors import BrokerError
 from airflow_broker.messages import Message
-from airflow_broker.side_channel import SideChannel
+from airflow_broker.poison.detection import SideChannel
 from airflow_broker.transaction import Transaction
 from airflow_broker.validation import MessageTypeInfo
 from airflow_broker.waitfor import WakeUps
 
 if TYPE_CHECKING:
-    from airflow_broker.statement import StatementRunner
+    from airflow_broker._statements import StatementRunner
 
 log = logging.getLogger(__name__)
 

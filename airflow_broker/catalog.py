@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from lxml import etree
 
+from airflow_broker._statements import StatementRunner
 from airflow_broker.errors import BrokerError
-from airflow_broker.statement import StatementRunner
 from airflow_broker.validation import compile_schema
 
 

@@ -26,11 +26,11 @@ def _install(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if not args.engine_only:
-        from airflow_broker.airflow_demo import run_demo as run_airflow_demo
+        from airflow_broker.demos.airflow_demo import run_demo as run_airflow_demo
 
         return run_airflow_demo(args.dsn, accounts=args.accounts or 100,
                                 trades_per_account=args.trades or 30)
-    from airflow_broker.demo import run_demo
+    from airflow_broker.demos.demo import run_demo
 
     result = run_demo(args.dsn, accounts=args.accounts or 40, trades_per_account=args.trades or 25)
     ok = (result.booked + 1 == result.sent and result.acknowledged == result.booked
@@ -52,7 +52,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from airflow_broker.cleanup import cleanup_leaked_endpoints
+    from airflow_broker.admin.cleanup import cleanup_leaked_endpoints
 
     with Broker(args.dsn, schema=args.schema) as broker:
         summary = cleanup_leaked_endpoints(broker, batch_size=args.batch_size,
@@ -69,7 +69,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from airflow_broker.doctor import diagnose
+    from airflow_broker.admin.doctor import diagnose
 
     with Broker(args.dsn, schema=args.schema) as broker:
         report = diagnose(broker)
@@ -78,7 +78,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _quarantine(args: argparse.Namespace) -> int:
-    from airflow_broker import quarantine
+    from airflow_broker.poison import quarantine
 
     with Broker(args.dsn, schema=args.schema) as broker:
         if args.action == "list":
@@ -109,7 +109,7 @@ def _quarantine(args: argparse.Namespace) -> int:
 
 
 def _enable_queue(args: argparse.Namespace) -> int:
-    from airflow_broker.queue_admin import run_enable_queue
+    from airflow_broker.admin.enable_queue import run_enable_queue
 
     return run_enable_queue(args)
 

@@ -70,5 +70,5 @@ def get_provider_info() -> dict[str, Any]:
             },
         }],
         "notifications": ["airflow_broker.notifications.broker.QueueDisabledNotifier"],
-        "queues": ["airflow_broker.queue_provider.BrokerMessageQueueProvider"],
+        "queues": ["airflow_broker.queues.broker.BrokerMessageQueueProvider"],
     }

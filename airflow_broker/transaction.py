@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from psycopg import sql
 
 from airflow_broker.catalog import CatalogStatements
-from airflow_broker.conversations import ConversationStatements
-from airflow_broker.receiving import ReceiveStatements
+from airflow_broker.dialogs import ConversationStatements
+from airflow_broker.receive import ReceiveStatements
 
 _names = itertools.count(1)
 

@@ -41,8 +41,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker import Broker
 from airflow_broker.migrations import install as install_broker
-from airflow_broker.transport import address_of
 from airflow_broker.worker import BrokerWorker
+from airflow_broker.worker.transport import address_of
 from bench import ours_setup
 from bench.harness import Env
 from bench.latency import samples

@@ -6,8 +6,8 @@ the reader's transaction, so it commits with the RECEIVE), notes in bench.drain_
 reader handled its first message and its latest one: the drain's own time, without the start-up
 of Spark or of Python before it.
 
-``python -m bench.queue_drain --queue Q`` is one airflow_broker.reader.QueueReader, configured
-as the Spark reader application configures each of its tasks, with the DSN from
+``python -m bench.queue_drain --queue Q`` is one airflow_broker.readers.queue_reader.QueueReader,
+configured as the Spark reader application configures each of its tasks, with the DSN from
 AIRFLOW_BROKER_DSN; it prints the reader's counts as JSON.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import asdict
 from psycopg import sql
 
 from airflow_broker.messages import Message
-from airflow_broker.reader import ReaderContext
+from airflow_broker.readers.queue_reader import ReaderContext
 
 HANDLER = "bench.queue_drain:consume"
 _MARK = sql.SQL(
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print("AIRFLOW_BROKER_DSN is not set", file=sys.stderr)
         return 2
     from airflow_broker.broker import Broker
-    from airflow_broker.reader import QueueReader, ReaderConfig
+    from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig
 
     config = ReaderConfig(queue_name=args.queue, handler=HANDLER, batch_size=args.batch_size,
                           waitfor_timeout=args.waitfor_timeout, idle_exit=args.idle_exit)

@@ -1,4 +1,4 @@
-"""Scenario j: the Spark reader application (airflow_broker/spark_reader.py) draining a
+"""Scenario j: the Spark reader application (airflow_broker/spark/reader.py) draining a
 pre-filled queue with 2 readers on local[2], against 2 plain Python QueueReader processes on the
 same server: the ratio is Spark's overhead. Then the same application on a Spark standalone
 cluster on 127.0.0.1 (a master and two workers of one core, tests/spark_cluster.py), submitted as
@@ -6,14 +6,14 @@ ActivatedReaderOperator submits it (the packed readers' environment, the handler
 py_files, the DSN in a properties file), against local[2]: the ratio is what a real cluster's
 executors and shipping cost.
 
-Both sides run the same reader loop (airflow_broker.reader.QueueReader, RECEIVE TOP(100), each
-message in a savepoint, one commit per batch) with the same handler (bench.queue_drain:consume,
-which does nothing but note the time of each reader's first and latest message in
-bench.drain_marks). Each side is launched cold, as a job would be: spark-submit for ours, two new
-Python processes for the peer. The clock starts just before the launch; the drain's end is the
-latest message any reader handled. "Including start-up" divides the messages by launch-to-end,
-"excluding start-up" by first-message-to-end. Both sides wait --idle-exit after the queue is
-empty before they stop; that tail is in neither rate (only in the wall time of the note).
+Both sides run the same reader loop (airflow_broker.readers.queue_reader.QueueReader, RECEIVE
+TOP(100), each message in a savepoint, one commit per batch) with the same handler
+(bench.queue_drain:consume, which does nothing but note the time of each reader's first and latest
+message in bench.drain_marks). Each side is launched cold, as a job would be: spark-submit for
+ours, two new Python processes for the peer. The clock starts just before the launch; the drain's
+end is the latest message any reader handled. "Including start-up" divides the messages by
+launch-to-end, "excluding start-up" by first-message-to-end. Both sides wait --idle-exit after the
+queue is empty before they stop; that tail is in neither rate (only in the wall time of the note).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import airflow_broker.spark_reader as spark_reader
-from airflow_broker import spark_cluster, spark_shipping
+import airflow_broker.spark.reader as spark_reader
+from airflow_broker.spark import cluster as spark_cluster
+from airflow_broker.spark import shipping as spark_shipping
 from bench import ours_setup
 from bench.harness import DRAIN_MARKS, Env
 from bench.queue_drain import HANDLER

@@ -3,15 +3,10 @@ disable is fixed. Trigger it with ``{"queue_name": "..."}``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pendulum
 from airflow.sdk import Param, dag
 
-if TYPE_CHECKING:
-    from operators.broker import EnableQueueOperator
-else:
-    from airflow_broker.operators import EnableQueueOperator
+from airflow_broker.operators import EnableQueueOperator
 
 
 @dag(

@@ -21,30 +21,20 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import Asset, AssetWatcher, Param, chain, dag, get_current_context, task
 
 from airflow_broker import END_DIALOG, ERROR, Message, Transaction
-
-if TYPE_CHECKING:
-    from hooks.broker import BrokerHook
-    from operators.broker import (
-        BrokerSetupOperator,
-        ReceiveMessagesOperator,
-        SendMessageOperator,
-    )
-    from sensors.broker import WaitForReceiveSensor
-else:
-    from airflow_broker.hooks import BrokerHook
-    from airflow_broker.operators import (
-        BrokerSetupOperator,
-        ReceiveMessagesOperator,
-        SendMessageOperator,
-    )
-    from airflow_broker.sensors import WaitForReceiveSensor
+from airflow_broker.hooks import BrokerHook
+from airflow_broker.operators import (
+    BrokerSetupOperator,
+    ReceiveMessagesOperator,
+    SendMessageOperator,
+)
+from airflow_broker.sensors import WaitForReceiveSensor
 
 log = logging.getLogger(__name__)
 

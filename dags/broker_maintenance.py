@@ -19,20 +19,16 @@ import dataclasses
 import json
 import logging
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowException
 from psycopg import sql
 
-from airflow_broker.doctor import ERROR, diagnose
+from airflow_broker.admin.doctor import ERROR, diagnose
+from airflow_broker.hooks import BrokerHook
 from airflow_broker.worker import BrokerWorker
-
-if TYPE_CHECKING:
-    from hooks.broker import BrokerHook
-else:
-    from airflow_broker.hooks import BrokerHook
 
 log = logging.getLogger(__name__)
 

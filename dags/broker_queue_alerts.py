@@ -12,19 +12,14 @@ the ``broker_enable_queue`` DAG.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import dag, get_current_context, task
 
-if TYPE_CHECKING:
-    from notifications.broker import QueueDisabledNotifier
-    from operators.broker import AckMessagesOperator
-    from sensors.broker import QueueDisabledSensor
-else:
-    from airflow_broker.notifications import QueueDisabledNotifier
-    from airflow_broker.operators import AckMessagesOperator
-    from airflow_broker.sensors import QueueDisabledSensor
+from airflow_broker.notifications import QueueDisabledNotifier
+from airflow_broker.operators import AckMessagesOperator
+from airflow_broker.sensors import QueueDisabledSensor
 
 WATCHED_QUEUES = ["BrokerageQueue", "TraderQueue"]
 

@@ -6,14 +6,14 @@ monitor decides a reader is needed (the first message after the queue was empty,
 per ramp-up interval while the backlog lasts). An AssetWatcher turns each notification into a
 run of ``broker_spark_readers``, which submits the Spark reader application; ``max_active_runs``
 caps the number of concurrent reader jobs. Each Spark task is a queue reader running
-``airflow_broker.trading:acknowledge_trade``: it acknowledges every trade entry and ends the
+``airflow_broker.demos.trading:acknowledge_trade``: it acknowledges every trade entry and ends the
 conversation after the final one (the target ends first), in the transaction of its RECEIVE.
 The run then removes the notifications that started it from the Airflow inbox.
 
 To run it:
 
 1. Trigger ``broker_spark_readers_setup`` once. It creates the stock-trade application
-   (``airflow_broker.trading.SPEC``), BrokerageActivationQueue, the service
+   (``airflow_broker.demos.trading.SPEC``), BrokerageActivationQueue, the service
    //Trading/BrokerageActivation (contract PostEventNotification) and the event notification
    ``activate_brokerage_readers`` (QUEUE_ACTIVATION on BrokerageQueue).
 2. Keep ``airflow-broker worker`` running against the same database: its queue monitors send
@@ -32,22 +32,16 @@ the other on BrokerageQueue.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import Asset, AssetWatcher, chain, dag, get_current_context, task
 
+from airflow_broker.demos.trading import SPEC as TRADING_SPEC
 from airflow_broker.events import QUEUE_ACTIVATION
-from airflow_broker.trading import SPEC as TRADING_SPEC
-
-if TYPE_CHECKING:
-    from hooks.broker import BrokerHook
-    from operators.broker import BrokerSetupOperator
-    from operators.spark import ActivatedReaderOperator
-else:
-    from airflow_broker.hooks import BrokerHook
-    from airflow_broker.operators import ActivatedReaderOperator, BrokerSetupOperator
+from airflow_broker.hooks import BrokerHook
+from airflow_broker.operators import ActivatedReaderOperator, BrokerSetupOperator
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 POST_EVENT_NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification"
@@ -89,7 +83,7 @@ def broker_spark_readers_setup() -> None:
 def broker_spark_readers() -> None:
     readers = ActivatedReaderOperator(
         task_id="brokerage_readers", queue_name="BrokerageQueue",
-        handler="airflow_broker.trading:acknowledge_trade", readers=2, idle_exit=10,
+        handler="airflow_broker.demos.trading:acknowledge_trade", readers=2, idle_exit=10,
         poison_strategy="quarantine", conn_id=SPARK_CONN_ID)
 
     @task

@@ -7,12 +7,12 @@
 * ``broker_stock_trade_brokerage``, the brokerage (target), continuous: waits (deferred) for
   trade entries on BrokerageQueue, then receives them and, in the RECEIVE's transaction,
   acknowledges each one and ends the conversation after the final trade
-  (``airflow_broker.trading.acknowledge_trades``). Unpause it and every trader run completes
+  (``airflow_broker.demos.trading.acknowledge_trades``). Unpause it and every trader run completes
   on its own; a run that finds nothing for a day is skipped and the next one waits again.
 
 The target ends first and the initiator last, as Service Broker's authors recommend: no
 endpoint leaks, and an error from the brokerage would reach the trader. Both DAGs apply the
-application's catalogue (``airflow_broker.trading.SPEC``) idempotently, so either may run
+application's catalogue (``airflow_broker.demos.trading.SPEC``) idempotently, so either may run
 first.
 
 ``broker_spark_readers`` is the same brokerage as Spark readers, started by event-based
@@ -22,13 +22,13 @@ activation; run one brokerage or the other on BrokerageQueue.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import chain, dag
 
 from airflow_broker import END_DIALOG, ERROR, Message, Transaction
-from airflow_broker.trading import (
+from airflow_broker.demos.trading import (
     BROKERAGE_SERVICE,
     CONTRACT,
     TRADE_ACK,
@@ -36,24 +36,14 @@ from airflow_broker.trading import (
     TRADER_SERVICE,
     acknowledge_trades,
 )
-from airflow_broker.trading import SPEC as TRADING_SPEC
-
-if TYPE_CHECKING:
-    from operators.broker import (
-        BeginDialogOperator,
-        BrokerSetupOperator,
-        ReceiveMessagesOperator,
-        SendMessageOperator,
-    )
-    from sensors.broker import WaitForReceiveSensor
-else:
-    from airflow_broker.operators import (
-        BeginDialogOperator,
-        BrokerSetupOperator,
-        ReceiveMessagesOperator,
-        SendMessageOperator,
-    )
-    from airflow_broker.sensors import WaitForReceiveSensor
+from airflow_broker.demos.trading import SPEC as TRADING_SPEC
+from airflow_broker.operators import (
+    BeginDialogOperator,
+    BrokerSetupOperator,
+    ReceiveMessagesOperator,
+    SendMessageOperator,
+)
+from airflow_broker.sensors import WaitForReceiveSensor
 
 log = logging.getLogger(__name__)
 

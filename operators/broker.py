@@ -21,19 +21,13 @@ from airflow.sdk import BaseOperator
 from lxml import etree
 
 from airflow_broker import Message, Transaction
-from airflow_broker.conversations import MAX_LIFETIME
-from airflow_broker.queue_admin import enable_queue
+from airflow_broker.admin.enable_queue import enable_queue
+from airflow_broker.dialogs import MAX_LIFETIME
+from airflow_broker.hooks.broker import BrokerHook, message_to_dict, task_consumer
+from airflow_broker.operators.setup import apply_spec
 
 if TYPE_CHECKING:
-    # mypy checks these folders as the top-level packages they are in the source tree;
-    # installed, they are airflow_broker.hooks and airflow_broker.operators.
     from airflow.sdk import Context
-
-    from hooks.broker import BrokerHook, message_to_dict, task_consumer
-    from operators.setup import apply_spec
-else:
-    from airflow_broker.hooks.broker import BrokerHook, message_to_dict, task_consumer
-    from airflow_broker.operators.setup import apply_spec
 
 BODY_FORMATS = ("auto", "text", "json", "xml", "bytes")
 

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 
-import airflow_broker.spark_reader as spark_reader
-from airflow_broker import quarantine, reader_runs, spark_cluster, spark_shipping
-from airflow_broker.reader import STRATEGIES
+import airflow_broker.spark.reader as spark_reader
+from airflow_broker.hooks.broker import BrokerHook
+from airflow_broker.poison import quarantine
+from airflow_broker.readers import runs as reader_runs
+from airflow_broker.readers.queue_reader import STRATEGIES
+from airflow_broker.spark import cluster as spark_cluster
+from airflow_broker.spark import shipping as spark_shipping
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from hooks.broker import BrokerHook
-else:
-    from airflow_broker.hooks.broker import BrokerHook
 
 # Failures of a run written into the task log, one line each; the rest are counted.
 LOGGED_EVENTS = 20
@@ -67,7 +67,7 @@ def _join(*parts: str | None) -> str | None:
 
 
 class ActivatedReaderOperator(SparkSubmitOperator):
-    """Submits the reader application (airflow_broker/spark_reader.py): Spark tasks that are
+    """Submits the reader application (airflow_broker/spark/reader.py): Spark tasks that are
     queue readers, each with its own connection, RECEIVE-process-commit until the queue stays
     empty for ``idle_exit`` seconds. As many readers as the queue's MAX_QUEUE_READERS (or
     ``readers``), never more than the cluster runs at once.

@@ -26,26 +26,19 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 from psycopg import sql
 
+from airflow_broker.admin.enable_queue import queue_status
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
+from airflow_broker.hooks.broker import BrokerHook, message_from_dict, task_consumer
 from airflow_broker.messages import EVENT_NOTIFICATION
-from airflow_broker.queue_admin import queue_status
+from airflow_broker.operators.setup import apply_spec
+from airflow_broker.triggers.broker import (
+    QueueDisabledTrigger,
+    WaitForReceiveTrigger,
+    event_to_dict,
+)
 
 if TYPE_CHECKING:
-    # mypy checks these folders as the top-level packages they are in the source tree;
-    # installed, they are airflow_broker.hooks, .operators and .triggers.
     from airflow.sdk import Context
-
-    from hooks.broker import BrokerHook, message_from_dict, task_consumer
-    from operators.setup import apply_spec
-    from triggers.broker import QueueDisabledTrigger, WaitForReceiveTrigger, event_to_dict
-else:
-    from airflow_broker.hooks.broker import BrokerHook, message_from_dict, task_consumer
-    from airflow_broker.operators.setup import apply_spec
-    from airflow_broker.triggers.broker import (
-        QueueDisabledTrigger,
-        WaitForReceiveTrigger,
-        event_to_dict,
-    )
 
 POST_EVENT_NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification"
 # After the trigger's own deadline, the scheduler's deferral timeout is only a backstop.

@@ -8,7 +8,7 @@ import uuid
 from psycopg import sql
 
 from airflow_broker import Transaction
-from airflow_broker.activation import ActivationContext
+from airflow_broker.worker.activation import ActivationContext
 
 
 def _stop_requested(ctx: ActivationContext) -> bool:

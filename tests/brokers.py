@@ -14,8 +14,8 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from airflow_broker import Broker, Message
-from airflow_broker.transport import Outcome, Transport
 from airflow_broker.worker import BrokerWorker
+from airflow_broker.worker.transport import Outcome, Transport
 
 
 def deploy_application(broker: Broker, *, initiator: bool = True, target: bool = True) -> None:

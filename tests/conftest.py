@@ -23,7 +23,7 @@ from psycopg.conninfo import make_conninfo
 from airflow_broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.migrations import install
-from airflow_broker.transport import address_of
+from airflow_broker.worker.transport import address_of
 from tests.brokers import Pair, deploy_application
 
 TEMPLATE = "airflow_broker_test_template"

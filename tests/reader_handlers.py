@@ -11,7 +11,7 @@ from lxml import etree
 from psycopg import sql
 
 from airflow_broker import Message
-from airflow_broker.reader import ReaderContext
+from airflow_broker.readers.queue_reader import ReaderContext
 
 
 def _book(message: Message, ctx: ReaderContext) -> str:

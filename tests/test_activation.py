@@ -16,9 +16,9 @@ import pytest
 from psycopg import sql
 
 from airflow_broker import Broker
-from airflow_broker.activation import TARGETS_VARIABLE, ActivationManager
-from airflow_broker.doctor import diagnose
+from airflow_broker.admin.doctor import diagnose
 from airflow_broker.worker import BrokerWorker
+from airflow_broker.worker.activation import TARGETS_VARIABLE, ActivationManager
 from tests.conftest import App
 from tests.helpers import count, wait_until
 
@@ -397,7 +397,7 @@ def test_a_procedure_off_the_workers_list_never_runs(activation_app: App,
                        activation_procedure=f"touch {ran}")
         # A Python target of another module is refused as well.
         tx.create_queue("q_py", activation_status=True, max_queue_readers=1,
-                        activation_procedure="airflow_broker.trading:book_trade")
+                        activation_procedure="airflow_broker.demos.trading:book_trade")
         tx.create_service("Py", "q_py", ["C"])
         tx.send(tx.begin_dialog("I", "Py", "C"), "Req", "for q_py")
     fill(activation_app, 1)
@@ -416,6 +416,6 @@ def test_a_procedure_off_the_workers_list_never_runs(activation_app: App,
     assert all("is not among the worker's activation targets" in e for _, e in log)
     findings = {f.subject: f for f in diagnose(broker).findings if f.check == "activation"}
     assert f"touch {ran}" in findings["q_t"].problem
-    assert "airflow_broker.trading:book_trade" in findings["q_py"].problem
+    assert "airflow_broker.demos.trading:book_trade" in findings["q_py"].problem
     assert "--activation-target" in findings["q_py"].fix
     assert count(broker, "SELECT count(*) FROM broker.queue_messages") == 2

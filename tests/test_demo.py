@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_broker.cli import main
-from airflow_broker.demo import run_demo
+from airflow_broker.demos.demo import run_demo
 
 
 def test_demo_books_every_trade_once_in_order(

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 
 from airflow_broker import Broker
-from airflow_broker.transport import address_of
+from airflow_broker.worker.transport import address_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ import os
 import psycopg
 import pytest
 
-from airflow_broker.activation import ActivationManager
 from airflow_broker.cli import main
 from airflow_broker.messages import MAX_MESSAGE_SIZE
+from airflow_broker.worker.activation import ActivationManager
 from tests.conftest import App
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,14 +16,14 @@ import pytest
 from psycopg import sql
 
 from airflow_broker import Broker
-from airflow_broker.reader import QueueReader, ReaderConfig
-from airflow_broker.trading import (
+from airflow_broker.demos.trading import (
     BROKERAGE_SERVICE,
     CONTRACT,
     TRADE_ACK,
     TRADE_ENTRY,
     TRADER_SERVICE,
 )
+from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig
 
 THIS_FILE = Path(__file__).resolve()
 ROOT = THIS_FILE.parent.parent
@@ -43,7 +43,7 @@ class RefuseAirflow:
         return None
 
 sys.meta_path.insert(0, RefuseAirflow())
-from airflow_broker.reader import load_callable
+from airflow_broker.readers.queue_reader import load_callable
 
 for name in sys.argv[1:]:
     load_callable(name)
@@ -77,8 +77,9 @@ def load_without_airflow(*names: str) -> subprocess.CompletedProcess[str]:
 def test_the_search_finds_the_handlers_in_use() -> None:
     names = {name for module in HANDLERS.values() for name in module}
     # The Spark readers example, the demo, and the tests' reader and activation targets.
-    assert {"airflow_broker.trading:acknowledge_trade", "airflow_broker.trading:book_trade",
-            "tests.reader_handlers:book_trade", "tests.activation_readers:drain"} <= names
+    assert {"airflow_broker.demos.trading:acknowledge_trade",
+            "airflow_broker.demos.trading:book_trade", "tests.reader_handlers:book_trade",
+            "tests.activation_readers:drain"} <= names
 
 
 def test_a_module_that_imports_airflow_is_refused() -> None:
@@ -110,7 +111,7 @@ def test_brokerage_handler_acknowledges_and_ends_first(broker: Broker) -> None:
         tx.send_many(handle, TRADE_ENTRY, ['<trade id="1"/>', '<trade id="2"/>',
                                            '<trade id="3" final="yes"/>'])
     config = ReaderConfig(queue_name="BrokerageQueue",
-                          handler="airflow_broker.trading:acknowledge_trade", idle_exit=0.5,
+                          handler="airflow_broker.demos.trading:acknowledge_trade", idle_exit=0.5,
                           waitfor_timeout=0.2)
     stats = QueueReader(broker, config).run()
     assert (stats.processed, stats.replied, stats.ended, stats.quarantined) == (3, 3, 1, 0)

@@ -8,9 +8,9 @@ import uuid
 import psycopg
 import pytest
 
-from airflow_broker import quarantine
 from airflow_broker.cli import main
-from airflow_broker.reader import QueueReader, ReaderConfig
+from airflow_broker.poison import quarantine
+from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig
 from airflow_broker.worker import BrokerWorker
 from tests.conftest import App
 from tests.helpers import count

@@ -1,4 +1,4 @@
-"""What reader runs report (airflow_broker.reader_runs): counts written in the transaction of
+"""What reader runs report (airflow_broker.readers.runs): counts written in the transaction of
 the work they count, summed over every attempt of every reader, so a reader that dies in the
 middle leaves its committed work counted and nothing of its rolled-back batch."""
 
@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from airflow_broker.messages import Message
-from airflow_broker.reader import QueueReader, ReaderConfig, ReaderContext
-from airflow_broker.reader_runs import AttemptLog, begin_run, finish_run, run_summary
+from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig, ReaderContext
+from airflow_broker.readers.runs import AttemptLog, begin_run, finish_run, run_summary
 from tests.conftest import App
 from tests.helpers import count
 from tests.reader_handlers import book_trade

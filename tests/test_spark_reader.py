@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import airflow_broker.spark_reader as spark_reader
-from airflow_broker import quarantine
+import airflow_broker.spark.reader as spark_reader
+from airflow_broker.poison import quarantine
 from tests.conftest import App
 from tests.helpers import count
 

@@ -1,4 +1,4 @@
-"""What the Spark executors are sent (airflow_broker.spark_shipping): the packed readers'
+"""What the Spark executors are sent (airflow_broker.spark.shipping): the packed readers'
 environment, which the base interpreter alone can run, and the handler's code."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_broker import spark_shipping
+from airflow_broker.spark import shipping as spark_shipping
 
 
 def test_the_packed_environment_runs_the_engine_on_a_bare_python(tmp_path: Path) -> None:
@@ -28,8 +28,8 @@ def test_the_packed_environment_runs_the_engine_on_a_bare_python(tmp_path: Path)
     assert not [n for n in names if "/pgserver/" in n or "__pycache__" in n]
     probe = subprocess.run(
         [str(tmp_path / spark_shipping.ARCHIVE_PYTHON), "-I", "-c",
-         "import sys, psycopg, psycopg_pool, lxml.etree, airflow_broker.reader,"
-         " airflow_broker.spark_reader; print(sys.prefix, psycopg.pq.__impl__)"],
+         "import sys, psycopg, psycopg_pool, lxml.etree, airflow_broker.readers.queue_reader,"
+         " airflow_broker.spark.reader; print(sys.prefix, psycopg.pq.__impl__)"],
         cwd=tmp_path, capture_output=True, text=True, check=False)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == [str(tmp_path / "environment"), "binary"]
@@ -72,7 +72,7 @@ def test_a_handler_package_is_shipped_zipped(tmp_path: Path,
 
 
 def test_the_projects_own_handlers_travel_in_the_environment() -> None:
-    assert spark_shipping.handler_py_files("airflow_broker.trading:book_trade") == []
+    assert spark_shipping.handler_py_files("airflow_broker.demos.trading:book_trade") == []
 
 
 def test_a_handler_that_cannot_be_imported_is_refused() -> None:

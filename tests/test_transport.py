@@ -527,7 +527,7 @@ def test_a_message_type_the_target_does_not_know_is_refused_with_8428(pair: Pair
 
 
 def route_findings(broker: Broker) -> list[str]:
-    from airflow_broker.doctor import diagnose
+    from airflow_broker.admin.doctor import diagnose
 
     return [f"{f.severity} {f.subject}: {f.problem}" for f in diagnose(broker).findings
             if f.check == "routes"]
@@ -566,7 +566,7 @@ def test_doctor_reports_unreachable_brokers_and_misspelt_services(pair: Pair) ->
 
 
 def test_doctor_reports_a_copied_broker_instance(dsn: str, pair: Pair) -> None:
-    from airflow_broker.transport import address_of
+    from airflow_broker.worker.transport import address_of
 
     with pair.a.transaction() as tx:
         tx.create_route("to_self_copy", address_of(dsn), service_name="I")
@@ -670,7 +670,7 @@ def test_send_many_to_a_remote_peer_waits_behind_the_conversations_back_off(pair
 def test_a_far_broker_that_hangs_times_out_and_is_retried(pair: Pair) -> None:
     import psycopg
 
-    from airflow_broker.transport import Transport
+    from airflow_broker.worker.transport import Transport
 
     pair.routes()
     send(pair, pair.dialog(), "x")
@@ -688,7 +688,7 @@ def test_a_far_broker_that_hangs_times_out_and_is_retried(pair: Pair) -> None:
 def test_route_addresses_carry_connection_options(pair: Pair) -> None:
     from psycopg.conninfo import conninfo_to_dict
 
-    from airflow_broker.transport import resolve_address
+    from airflow_broker.worker.transport import resolve_address
 
     address = pair.b_uri + "&options=-c%20synchronous_commit%3Doff&broker_schema=broker"
     far = resolve_address(address)

@@ -20,8 +20,8 @@ import pytest
 from airflow_broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.migrations import install
-from airflow_broker.transport import address_of
 from airflow_broker.worker import BrokerWorker
+from airflow_broker.worker.transport import address_of
 from tests.brokers import (
     FaultyTransport,
     Pair,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from psycopg.rows import TupleRow
 
 from airflow_broker import Broker
-from airflow_broker.transport import Outcome, Transport
+from airflow_broker.worker.transport import Outcome, Transport
 
 
 class PausingTransport(Transport):

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
@@ -32,14 +32,8 @@ from psycopg import sql
 from airflow_broker import Message
 from airflow_broker.errors import translate
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
+from airflow_broker.hooks.broker import INBOX_COLUMNS, BrokerHook, inbox_row_to_dict
 from airflow_broker.messages import EVENT_NOTIFICATION
-
-if TYPE_CHECKING:
-    # mypy checks this folder as the top-level package it is in the source tree; installed,
-    # it is airflow_broker.triggers and the hook is airflow_broker.hooks.
-    from hooks.broker import INBOX_COLUMNS, BrokerHook, inbox_row_to_dict
-else:
-    from airflow_broker.hooks.broker import INBOX_COLUMNS, BrokerHook, inbox_row_to_dict
 
 AsyncConn = psycopg.AsyncConnection[Any]
 

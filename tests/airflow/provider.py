@@ -7,32 +7,17 @@ on. The tests import them from here, where that mapping is made once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hooks.broker import BrokerConnectionInfo, BrokerHook
-    from notifications.broker import QueueDisabledNotifier
-    from operators.broker import FireAndForgetWarning
-    from operators.setup import apply_spec
-    from sensors.broker import QueueDisabledSensor
-    from triggers.broker import (
-        BrokerMessageTrigger,
-        BrokerStreamProducer,
-        QueueDisabledTrigger,
-        WaitForReceiveTrigger,
-    )
-else:
-    from airflow_broker.hooks.broker import BrokerConnectionInfo, BrokerHook
-    from airflow_broker.notifications.broker import QueueDisabledNotifier
-    from airflow_broker.operators.broker import FireAndForgetWarning
-    from airflow_broker.operators.setup import apply_spec
-    from airflow_broker.sensors.broker import QueueDisabledSensor
-    from airflow_broker.triggers.broker import (
-        BrokerMessageTrigger,
-        BrokerStreamProducer,
-        QueueDisabledTrigger,
-        WaitForReceiveTrigger,
-    )
+from airflow_broker.hooks.broker import BrokerConnectionInfo, BrokerHook
+from airflow_broker.notifications.broker import QueueDisabledNotifier
+from airflow_broker.operators.broker import FireAndForgetWarning
+from airflow_broker.operators.setup import apply_spec
+from airflow_broker.sensors.broker import QueueDisabledSensor
+from airflow_broker.triggers.broker import (
+    BrokerMessageTrigger,
+    BrokerStreamProducer,
+    QueueDisabledTrigger,
+    WaitForReceiveTrigger,
+)
 
 __all__ = [
     "BrokerConnectionInfo",

@@ -18,8 +18,8 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from airflow_broker import Broker, BrokerError
+from airflow_broker.admin.enable_queue import run_enable_queue
 from airflow_broker.migrations import install
-from airflow_broker.queue_admin import run_enable_queue
 from tests.airflow.conftest import (
     Background,
     RunDag,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_broker.airflow_demo import run_demo
+from airflow_broker.demos.airflow_demo import run_demo
 from tests.airflow.conftest import scratch_dir
 
 

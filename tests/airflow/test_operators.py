@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
 from airflow_broker import END_DIALOG, Broker
+from airflow_broker.operators.broker import BrokerDeprecationWarning, EndConversationOperator
 from tests.airflow.conftest import RunDag, task_states, xcom
 from tests.airflow.provider import FireAndForgetWarning
 from tests.airflow.test_sensors import dag_file
 from tests.conftest import App
-
-if TYPE_CHECKING:
-    from operators.broker import BrokerDeprecationWarning, EndConversationOperator
-else:
-    from airflow_broker.operators.broker import BrokerDeprecationWarning, EndConversationOperator
 
 
 def rows(dsn: str, query: str) -> list[tuple[object, ...]]:

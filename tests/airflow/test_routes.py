@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_broker.transport import Transport
+from airflow_broker.worker.transport import Transport
 from tests.airflow.conftest import connection_json
 from tests.airflow.provider import apply_spec
 from tests.brokers import Pair, receive_all

@@ -9,22 +9,19 @@ import stat
 import sys
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from airflow_broker import quarantine, spark_cluster
+from airflow_broker.operators import ActivatedReaderOperator
+from airflow_broker.operators.spark import ReaderRunFailed
+from airflow_broker.poison import quarantine
+from airflow_broker.spark import cluster as spark_cluster
 from tests.airflow.conftest import RunDag, task_states, xcom
 from tests.conftest import App
 from tests.helpers import count
-
-if TYPE_CHECKING:
-    from operators.spark import ActivatedReaderOperator, ReaderRunFailed
-else:
-    from airflow_broker.operators import ActivatedReaderOperator
-    from airflow_broker.operators.spark import ReaderRunFailed
 
 
 @pytest.mark.slow
@@ -65,7 +62,7 @@ def prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, master: str,
              **options: Any) -> tuple[ActivatedReaderOperator, list[str], str]:
     """The spark-submit command the operator would run, and its properties file."""
     extra = {"deploy-mode": options.pop("deploy_mode")} if "deploy_mode" in options else {}
-    options.setdefault("handler", "airflow_broker.trading:book_trade")
+    options.setdefault("handler", "airflow_broker.demos.trading:book_trade")
     operator = ActivatedReaderOperator(
         task_id="read", queue_name="q_t", conn_id=spark_conn(monkeypatch, master, **extra),
         **options)
@@ -149,7 +146,7 @@ def test_cluster_mode_on_standalone_is_refused_before_anything_is_submitted(
     spark_submit.write_text(f"#!/bin/sh\ntouch {submitted}\n")
     spark_submit.chmod(0o755)
     operator = ActivatedReaderOperator(
-        task_id="read", queue_name="q_t", handler="airflow_broker.trading:book_trade",
+        task_id="read", queue_name="q_t", handler="airflow_broker.demos.trading:book_trade",
         spark_binary=str(spark_submit), deploy_mode="cluster",
         conn_id=spark_conn(monkeypatch, "spark://127.0.0.1:7077"))
     with pytest.raises(ValueError, match="cluster deploy mode only on YARN and Kubernetes"):

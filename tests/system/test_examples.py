@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from airflow_broker import END_DIALOG, Broker
-from airflow_broker.trading import (
+from airflow_broker.demos.trading import (
     BROKERAGE_SERVICE,
     CONTRACT,
     TRADE_ACK,

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker
-from airflow_broker.spark_shipping import base_interpreter
+from airflow_broker.spark.shipping import base_interpreter
 from tests.spark_cluster import SparkCluster
 from tests.system.api import AirflowApi
 from tests.system.conftest import SystemDatabases

@@ -1,5 +1,5 @@
 -- The dialog protocol between brokers (spec 21.4), in three parts the transport
--- (airflow_broker/transport.py) calls:
+-- (airflow_broker/worker/transport.py) calls:
 --   outbound_transmissions()      sender: what is due, with its route, in sequence order;
 --   accept_transmissions()        receiver: puts messages on its queues in its own transaction,
 --                                 dropping duplicates and holding early arrivals, and answers

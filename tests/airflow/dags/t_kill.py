@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import dag, task
 
-if TYPE_CHECKING:
-    from hooks.broker import BrokerHook
-    from sensors.broker import WaitForReceiveSensor
-else:
-    from airflow_broker.hooks import BrokerHook
-    from airflow_broker.sensors import WaitForReceiveSensor
+from airflow_broker.hooks import BrokerHook
+from airflow_broker.sensors import WaitForReceiveSensor
 
 
 def die_after_receive(context: Any, result: Any) -> None:

@@ -3,32 +3,21 @@ Req sent by the initiator I on q_i and Resp by the target T on q_t)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import chain, dag
 from lxml import etree
 
 from airflow_broker import Message, Transaction
-
-if TYPE_CHECKING:
-    from operators.broker import (
-        BeginConversationTimerOperator,
-        BeginDialogOperator,
-        BrokerSetupOperator,
-        EndConversationOperator,
-        ReceiveMessagesOperator,
-        SendMessageOperator,
-    )
-else:
-    from airflow_broker.operators import (
-        BeginConversationTimerOperator,
-        BeginDialogOperator,
-        BrokerSetupOperator,
-        EndConversationOperator,
-        ReceiveMessagesOperator,
-        SendMessageOperator,
-    )
+from airflow_broker.operators import (
+    BeginConversationTimerOperator,
+    BeginDialogOperator,
+    BrokerSetupOperator,
+    EndConversationOperator,
+    ReceiveMessagesOperator,
+    SendMessageOperator,
+)
 
 SPEC = """
 message_types:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pendulum
 from airflow.sdk import dag
 
-if TYPE_CHECKING:
-    from sensors.broker import QueueDisabledSensor, WaitForReceiveSensor
-else:
-    from airflow_broker.sensors import QueueDisabledSensor, WaitForReceiveSensor
+from airflow_broker.sensors import QueueDisabledSensor, WaitForReceiveSensor
 
 
 @dag(dag_id="t_poke", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import dag
 
 from airflow_broker import Message, Transaction
-
-if TYPE_CHECKING:
-    from operators.broker import ReceiveMessagesOperator
-else:
-    from airflow_broker.operators import ReceiveMessagesOperator
+from airflow_broker.operators import ReceiveMessagesOperator
 
 
 def fail(messages: list[Message], tx: Transaction, context: Any) -> None:

@@ -4,15 +4,11 @@ the operator ships to the Spark tasks (py_files)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pendulum
 from airflow.sdk import dag
 
-if TYPE_CHECKING:
-    from operators.spark import ActivatedReaderOperator, QuarantineOperator
-else:
-    from airflow_broker.operators import ActivatedReaderOperator, QuarantineOperator
+from airflow_broker.operators import ActivatedReaderOperator, QuarantineOperator
+
 
 @dag(dag_id="t_spark_reader", schedule=None, start_date=pendulum.datetime(2026, 1, 1),
      catchup=False)

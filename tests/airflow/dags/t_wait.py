@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import dag, task
 
-if TYPE_CHECKING:
-    from hooks.broker import BrokerHook
-    from sensors.broker import WaitForReceiveSensor
-else:
-    from airflow_broker.hooks.broker import BrokerHook
-    from airflow_broker.sensors.broker import WaitForReceiveSensor
+from airflow_broker.hooks.broker import BrokerHook
+from airflow_broker.sensors.broker import WaitForReceiveSensor
 
 
 @dag(dag_id="t_wait", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),

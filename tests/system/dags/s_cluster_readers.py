@@ -7,15 +7,11 @@ and the messages are created by tests/system/test_spark_cluster.py."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
 
 import pendulum
 from airflow.sdk import dag
 
-if TYPE_CHECKING:
-    from operators.spark import ActivatedReaderOperator
-else:
-    from airflow_broker.operators import ActivatedReaderOperator
+from airflow_broker.operators import ActivatedReaderOperator
 
 
 @dag(dag_id="s_cluster_readers", schedule=None, start_date=pendulum.datetime(2026, 1, 1),

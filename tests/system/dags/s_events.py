@@ -5,20 +5,15 @@ WaitForReceiveSensor. The table and the queues are created by the tests."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import Asset, AssetWatcher, dag, get_current_context, task
 
 from airflow_broker import Message, Transaction
-
-if TYPE_CHECKING:
-    from hooks.broker import BrokerHook
-    from sensors.broker import WaitForReceiveSensor
-else:
-    from airflow_broker.hooks import BrokerHook
-    from airflow_broker.sensors import WaitForReceiveSensor
+from airflow_broker.hooks import BrokerHook
+from airflow_broker.sensors import WaitForReceiveSensor
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 # A killed task (the scheduler or its worker SIGKILLed) is tried again.

@@ -8,8 +8,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_broker._statements import StatementRunner
 from airflow_broker.errors import NOT_A_HANDLE, BrokerError
-from airflow_broker.statement import StatementRunner
 from airflow_broker.validation import verdict
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from airflow_broker.reader import ReaderStats
+from airflow_broker.readers.queue_reader import ReaderStats
 
 if TYPE_CHECKING:
     from airflow_broker.broker import Broker

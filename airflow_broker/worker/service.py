@@ -27,9 +27,9 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from airflow_broker.activation import ActivationManager, configured_targets
 from airflow_broker.broker import Broker
-from airflow_broker.transport import Transport
+from airflow_broker.worker.activation import ActivationManager, configured_targets
+from airflow_broker.worker.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
+from airflow_broker._statements import StatementRunner
 from airflow_broker.errors import BrokerError
 from airflow_broker.messages import Message
-from airflow_broker.statement import StatementRunner
 
 T = TypeVar("T")
 

@@ -1,10 +1,9 @@
 """``airflow-broker demo``: the stock-trade demo through Airflow (``dag.test()``) and Spark.
 
-It prepares an Airflow home of its own (a SQLite metadata database under the user's data
-directory, the demo DAG, a ``broker_demo`` connection on the embedded PostgreSQL or on
-AIRFLOW_BROKER_DSN, and ``spark_local`` on local[2]), then runs the DAG of
-airflow_broker.demo_dag in a child process, which is how Airflow wants its configuration: fixed
-before it is first imported.
+It prepares an Airflow home of its own (a SQLite metadata database under the user's data directory,
+the demo DAG, a ``broker_demo`` connection on the embedded PostgreSQL or on AIRFLOW_BROKER_DSN, and
+``spark_local`` on local[2]), then runs the DAG of airflow_broker.demos.demo_dag in a child
+process, which is how Airflow wants its configuration: fixed before it is first imported.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from airflow_broker.embedded import EmbeddedPostgres
 
-DAG_FILE = '''"""The airflow-broker demo DAG (see airflow_broker.demo_dag)."""
-from airflow_broker.demo_dag import build_demo_dag
+DAG_FILE = '''"""The airflow-broker demo DAG (see airflow_broker.demos.demo_dag)."""
+from airflow_broker.demos.demo_dag import build_demo_dag
 
 dag = build_demo_dag()
 '''
@@ -84,7 +83,7 @@ def run_demo(dsn: str | None = None, *, accounts: int = 100, trades_per_account:
         say("- running the DAG broker_trading_demo with dag.test(); Spark starts twice as "
             "long the first time")
         child = subprocess.run(
-            [sys.executable, "-m", "airflow_broker.airflow_demo", str(accounts),
+            [sys.executable, "-m", "airflow_broker.demos.airflow_demo", str(accounts),
              str(trades_per_account)], env=env, check=False, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         result = None

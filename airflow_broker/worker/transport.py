@@ -13,11 +13,11 @@ direction, sequence number), acknowledges them again and enqueues them once.
 from __future__ import annotations
 
 import logging
-import sys
+import pkgutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -29,14 +29,14 @@ from airflow_broker.broker import Broker
 from airflow_broker.redaction import redact
 from airflow_broker.validation import MessageTypeInfo, verdict
 
-if TYPE_CHECKING:
-    from airflow.sdk import Connection
-
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEMA = "broker"
 UNREACHABLE = "The target service broker is unreachable: {}"
 REFUSED = "The target service broker failed the transmission: {}"
+# Reading an Airflow connection needs Airflow, which the engine never imports: the Airflow
+# side of the package does it, found by name when an airflow:// address is used.
+AIRFLOW_RESOLVER = "airflow_broker.hooks.connections:far_broker_of"
 
 
 class AddressError(ValueError):
@@ -53,22 +53,18 @@ class FarBroker:
 
 def resolve_address(address: str) -> FarBroker:
     """``postgresql://...[?broker_schema=name]`` or ``airflow://conn_id`` (an Airflow
-    connection of type ``broker`` or ``postgres``, read through Airflow's connections: see
-    :func:`airflow_connection`)."""
+    connection of type ``broker`` or ``postgres``, read through Airflow's connections by
+    :data:`AIRFLOW_RESOLVER`)."""
     if address.lower().startswith("airflow://"):
-        conn_id = address[len("airflow://"):]
         try:
-            if TYPE_CHECKING:
-                from hooks.broker import BrokerConnectionInfo
-            else:
-                from airflow_broker.hooks.broker import BrokerConnectionInfo
+            resolver = pkgutil.resolve_name(AIRFLOW_RESOLVER)
         except ImportError as exc:  # Airflow is an optional extra
             raise AddressError(f"{redact(address)}: Airflow is not installed ({exc})") from None
         try:
-            info = BrokerConnectionInfo.from_connection(airflow_connection(conn_id))
+            dsn, schema = resolver(address[len("airflow://"):])
         except Exception as exc:  # Airflow raises its own not-found types per version
             raise AddressError(redact(f"{address}: {exc}")) from None
-        return FarBroker(info.dsn, info.schema)
+        return FarBroker(dsn, schema)
     parts = urlsplit(address)
     if parts.scheme.lower() not in ("postgresql", "postgres"):
         raise AddressError(f"{redact(address)}: not a postgresql:// or airflow:// address")
@@ -77,30 +73,6 @@ def resolve_address(address: str) -> FarBroker:
     rest = [(k, v) for k, v in query if k != "broker_schema"]
     # %20 for spaces: libpq does not read '+' as one (options=-c%20name%3Dvalue).
     return FarBroker(urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), schema)
-
-
-def airflow_connection(conn_id: str) -> Connection:
-    """The Airflow connection ``conn_id``, wherever this process runs.
-
-    In a task (or the triggerer) the task SDK asks the API server through its supervisor. Any
-    other process, such as a broker worker, is no task: there the task SDK's
-    ``BaseHook.get_connection`` consults only environment variables and a configured secrets
-    backend, never the metadata database (``ensure_secrets_backend_loaded``'s fallback chain in
-    Airflow 3.3), so a connection created in the UI or with ``airflow connections add`` would
-    not be found. Airflow core's lookup reads the same secrets backend, the environment and
-    the metadata database, as ``airflow connections get`` does.
-    """
-    from airflow.sdk import BaseHook
-
-    runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
-    if getattr(runner, "SUPERVISOR_COMMS", None) is not None:
-        return BaseHook.get_connection(conn_id)
-    try:
-        from airflow.models.connection import Connection as CoreConnection
-    except ImportError:  # a worker with only the task SDK has no metadata database to read
-        return BaseHook.get_connection(conn_id)
-    # Core's Connection has the attributes the SDK's has, which is all a caller reads.
-    return cast("Connection", CoreConnection.get_connection_from_secrets(conn_id))
 
 
 def address_of(dsn: str, schema: str | None = None) -> str:

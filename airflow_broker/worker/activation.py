@@ -36,7 +36,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_broker.broker import Broker
-from airflow_broker.reader import load_callable
+from airflow_broker.readers.queue_reader import load_callable
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def load_target(target: str) -> Callable[[ActivationContext], object]:
 def activation_command(procedure: str) -> list[str]:
     """The command line that starts a reader; ValueError for one that cannot be parsed."""
     if is_python_target(procedure):
-        return [sys.executable, "-m", "airflow_broker.activation", procedure]
+        return [sys.executable, "-m", "airflow_broker.worker.activation", procedure]
     command = shlex.split(procedure)
     if not command:
         raise ValueError("the activation procedure is empty")

@@ -9,7 +9,7 @@ Spark readers on the brokerage side.
    trade and acknowledges it in the transaction that received it; the brokerage ends each
    dialog after the account's final trade (the target ends first); invalid trades go to the
    quarantine table instead of stopping the queue. The handler is
-   ``airflow_broker.trading:book_trade``: Spark's Python workers import it, in processes where
+   ``airflow_broker.demos.trading:book_trade``: Spark's Python workers import it, in processes where
    Airflow cannot be imported, which is why it does not live in this module.
 4. ``trader_acknowledgements``: the trader side receives the acknowledgements and the EndDialog
    messages and ends its side of each dialog.
@@ -27,30 +27,24 @@ import json
 import random
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 from airflow.sdk import Param, chain, dag, get_current_context, task
 from psycopg import sql
 
-from airflow_broker.migrations import install
-from airflow_broker.trading import (
+from airflow_broker.demos.trading import (
     BROKERAGE_SERVICE,
     CONTRACT,
     TRADE_ACK,
     TRADE_ENTRY,
     TRADER_SERVICE,
 )
+from airflow_broker.hooks import BrokerHook
+from airflow_broker.migrations import install
+from airflow_broker.operators import ActivatedReaderOperator
+from airflow_broker.sensors import QueueDisabledSensor
 from airflow_broker.worker import BrokerWorker
-
-if TYPE_CHECKING:
-    from hooks.broker import BrokerHook
-    from operators.spark import ActivatedReaderOperator
-    from sensors.broker import QueueDisabledSensor
-else:
-    from airflow_broker.hooks import BrokerHook
-    from airflow_broker.operators import ActivatedReaderOperator
-    from airflow_broker.sensors import QueueDisabledSensor
 
 SCHEMA = "broker_demo"
 SETTLEMENT = "//Trading/Settlement"
@@ -144,7 +138,7 @@ def build_demo_dag() -> Any:
 
         readers = ActivatedReaderOperator(
             task_id="brokerage_readers", broker_conn_id=CONN_ID, queue_name="BrokerageQueue",
-            handler="airflow_broker.trading:book_trade", readers=2, batch_size=50,
+            handler="airflow_broker.demos.trading:book_trade", readers=2, batch_size=50,
             idle_exit=2, poison_strategy="quarantine", conn_id="spark_local")
 
         @task

@@ -1,19 +1,19 @@
 """The Spark reader application: queue readers, one per Spark task.
 
-Submitted with spark-submit (ActivatedReaderOperator does that); each task opens its own
-connection and runs airflow_broker.reader.QueueReader until the queue stays empty, so every
-message is processed exactly once, each conversation group by one reader at a time, with
-replies committed with the RECEIVE. The driver decides how many readers run: the queue's
-MAX_QUEUE_READERS (or ``--readers``), but never more than the cluster runs at once, so no reader
-waits for another to finish. Each reader attempt writes its counts in the database with the
-work they count (airflow_broker.reader_runs); the run's summary is summed from there.
+Submitted with spark-submit (ActivatedReaderOperator does that); each task opens its own connection
+and runs airflow_broker.readers.queue_reader.QueueReader until the queue stays empty, so every
+message is processed exactly once, each conversation group by one reader at a time, with replies
+committed with the RECEIVE. The driver decides how many readers run: the queue's MAX_QUEUE_READERS
+(or ``--readers``), but never more than the cluster runs at once, so no reader waits for another to
+finish. Each reader attempt writes its counts in the database with the work they count
+(airflow_broker.readers.runs); the run's summary is summed from there.
 
 The DSN comes from the AIRFLOW_BROKER_DSN environment variable, its password (if any) from
 PGPASSWORD, which libpq reads: in the driver's environment, and in the executors' through
 ``spark.executorEnv`` (or the cluster manager's secrets), never the command line or the tasks'
 closures.
 
-    AIRFLOW_BROKER_DSN=... spark-submit --master local[2] .../airflow_broker/spark_reader.py \\
+    AIRFLOW_BROKER_DSN=... spark-submit --master local[2] .../airflow_broker/spark/reader.py \\
         --queue BrokerageQueue --handler trading.book:handle
 """
 
@@ -30,13 +30,13 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from airflow_broker.spark_cluster import DSN_VARIABLE
+from airflow_broker.spark.cluster import DSN_VARIABLE
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
 SUMMARY_MARKER = "BROKER_READER_SUMMARY"
-log = logging.getLogger("airflow_broker.spark_reader")
+log = logging.getLogger("airflow_broker.spark.reader")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -80,8 +80,8 @@ def read_partition(args: argparse.Namespace, index: int) -> Iterator[dict[str, A
     from pyspark import TaskContext
 
     from airflow_broker.broker import Broker
-    from airflow_broker.reader import QueueReader, ReaderConfig
-    from airflow_broker.reader_runs import AttemptLog
+    from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig
+    from airflow_broker.readers.runs import AttemptLog
 
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s reader-{index}: %(message)s")
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from airflow_broker.broker import Broker
-    from airflow_broker.reader_runs import begin_run, finish_run
+    from airflow_broker.readers.runs import begin_run, finish_run
 
     wanted = args.readers or queue_readers(dsn, args.schema, args.queue)
     run_id = uuid.UUID(args.run_id) if args.run_id else uuid.uuid4()

@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 from psycopg import sql
 
 from airflow_broker.broker import Broker
-from airflow_broker.conversations import Body
+from airflow_broker.dialogs import Body
 from airflow_broker.errors import QueueDisabledError
 from airflow_broker.messages import Message
 from airflow_broker.transaction import Transaction
 
 if TYPE_CHECKING:
-    from airflow_broker.reader_runs import AttemptLog
+    from airflow_broker.readers.runs import AttemptLog
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ TradeAcknowledgement and ends the conversation after the final one: the target e
 the trader ends its side when the EndDialog arrives, so no endpoint leaks.
 
 The brokerage's handlers run wherever a queue reader runs: in the Spark tasks of
-ActivatedReaderOperator (``airflow_broker.trading:acknowledge_trade``,
-``airflow_broker.trading:book_trade``), in an activated reader process, or in an Airflow task
+ActivatedReaderOperator (``airflow_broker.demos.trading:acknowledge_trade``,
+``airflow_broker.demos.trading:book_trade``), in an activated reader process, or in an Airflow task
 (``acknowledge_trades``, a ReceiveMessagesOperator callback). Airflow 3's task supervisor gives
 a task's child processes, Spark's Python workers among them, an environment in which importing
 Airflow fails (``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=airflow-db-not-allowed:///``), so this
@@ -25,7 +25,7 @@ from lxml import etree
 from psycopg import sql
 
 from airflow_broker.messages import Message
-from airflow_broker.reader import ReaderContext
+from airflow_broker.readers.queue_reader import ReaderContext
 from airflow_broker.transaction import Transaction
 
 TRADE_ENTRY = "//Trading/TradeEntry"

@@ -1,0 +1,2 @@
+"""Queue readers: the RECEIVE-process-commit loop of an activated procedure, and the record of
+each reader run's attempts."""

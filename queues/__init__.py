@@ -1,0 +1,1 @@
+"""common-messaging's message-queue providers (installed as ``airflow_broker.queues``)."""
