@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 
 from airflow_broker import migrations
 from airflow_broker.embedded import EmbeddedPostgres
-from airflow_broker.errors import BrokerError
+from airflow_broker.errors import InvalidObjectName
 from airflow_broker.messages import Message
 from airflow_broker.poison.detection import SideChannel
 from airflow_broker.transaction import Transaction
@@ -301,7 +301,7 @@ class Broker:
             [queue_name],
         )
         if found is None:
-            raise BrokerError(208, f"Invalid object name '{queue_name}'.")
+            raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
         with self._lock:
             self._queue_ids[queue_name] = int(found)
         return int(found)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from lxml import etree
 
 from airflow_broker._statements import StatementRunner
-from airflow_broker.errors import BrokerError
+from airflow_broker.errors import InvalidXmlSchema
 from airflow_broker.validation import compile_schema
 
 
@@ -42,7 +42,7 @@ class CatalogStatements(StatementRunner):
             try:
                 compile_schema(xsd)
             except (etree.XMLSchemaParseError, etree.XMLSyntaxError) as exc:
-                raise BrokerError(50107, f"The XML schema is not valid: {exc}") from None
+                raise InvalidXmlSchema(f"The XML schema is not valid: {exc}") from None
         q = self.function("create_xml_schema_collection", 2, ["text", "text[]"])
         result: int = self.scalar(q, [name, list(schemas)])
         return result

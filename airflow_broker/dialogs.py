@@ -9,7 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_broker._statements import StatementRunner
-from airflow_broker.errors import NOT_A_HANDLE, BrokerError
+from airflow_broker.errors import (
+    NOT_A_HANDLE,
+    BrokerError,
+    IncorrectSyntax,
+    NotAHandle,
+    SchemaValidationNeedsPython,
+)
 from airflow_broker.validation import verdict
 
 log = logging.getLogger(__name__)
@@ -26,7 +32,7 @@ def conversation_handle(value: object) -> uuid.UUID:
     try:
         return uuid.UUID(str(value))
     except ValueError:
-        raise BrokerError(8169, NOT_A_HANDLE) from None
+        raise NotAHandle(NOT_A_HANDLE) from None
 
 
 def handle_array(handles: list[uuid.UUID]) -> str:
@@ -135,10 +141,9 @@ class ConversationStatements(StatementRunner):
         try:
             return self.scalar(q, [target, message_type, data, body is None, checked_as,
                                    problem])
-        except BrokerError as exc:
-            if exc.number == 50103:
-                # The message type changed since it was cached: the next SEND reloads it.
-                self.broker.forget_message_types()
+        except SchemaValidationNeedsPython:
+            # The message type changed since it was cached: the next SEND reloads it.
+            self.broker.forget_message_types()
             raise
 
     def end_conversation(
@@ -158,7 +163,7 @@ class ConversationStatements(StatementRunner):
         """
         if cleanup:
             if error is not None or description is not None:
-                raise BrokerError(102, "Incorrect syntax near 'CLEANUP': WITH ERROR and WITH "
+                raise IncorrectSyntax("Incorrect syntax near 'CLEANUP': WITH ERROR and WITH "
                                        "CLEANUP exclude each other.")
             self.run(self.function("end_conversation_with_cleanup", 1, ["uuid"]),
                      [conversation_handle])

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from airflow_broker._statements import StatementRunner
-from airflow_broker.errors import BrokerError
+from airflow_broker.errors import BrokerError, IncorrectSyntax
 from airflow_broker.messages import Message
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class ReceiveStatements(StatementRunner):
         empty: T,
     ) -> T:
         if timeout is not None and not waitfor:
-            raise BrokerError(102, "Incorrect syntax near 'TIMEOUT': TIMEOUT needs WAITFOR.")
+            raise IncorrectSyntax("Incorrect syntax near 'TIMEOUT': TIMEOUT needs WAITFOR.")
         if timeout is not None and (math.isnan(timeout) or timeout < 0):
             raise BrokerError(
                 50106, f"Incorrect value {timeout} for TIMEOUT; expected seconds >= 0."

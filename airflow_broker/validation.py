@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from airflow_broker.errors import BrokerError
+from airflow_broker.errors import MessageTooLarge
 from airflow_broker.messages import MAX_MESSAGE_SIZE, decode_body
 
 # Bodies: no entity is expanded and nothing is loaded from outside. huge_tree lifts libxml2's
@@ -114,7 +114,7 @@ def verdict(info: MessageTypeInfo, body: bytes | None) -> str | None:
         return None
     if len(body) > MAX_MESSAGE_SIZE:
         # Refused before lxml spends time and memory on it; SEND would refuse it anyway.
-        raise BrokerError(50122, f"The message body of {len(body)} bytes is larger than the "
+        raise MessageTooLarge(f"The message body of {len(body)} bytes is larger than the "
                                  f"maximum message size of {MAX_MESSAGE_SIZE} bytes.")
     if info.validation_kind == "WELL_FORMED_XML":
         return well_formed_error(body)

@@ -38,7 +38,7 @@ import yaml
 from psycopg import sql
 
 from airflow_broker import Transaction
-from airflow_broker.errors import BrokerError
+from airflow_broker.errors import BrokerError, InvalidSpec
 
 SECTIONS = ("xml_schema_collections", "message_types", "contracts", "queues", "services",
             "event_notifications", "routes")
@@ -50,8 +50,8 @@ QUEUE_SETTINGS = ("status", "retention", "activation_status", "activation_proced
 QUEUE_TUNING = ("poison_threshold", "activation_min_readers", "activation_ramp_interval")
 
 
-class SpecError(ValueError):
-    """The spec is malformed, or asks for a change the broker cannot make."""
+# The spec is malformed, or asks for a change the broker cannot make (error 50123).
+SpecError = InvalidSpec
 
 
 @dataclass

@@ -14,10 +14,11 @@ from psycopg import sql
 
 from airflow_broker import migrations
 from airflow_broker.broker import Broker
+from airflow_broker.errors import AddressError
 from airflow_broker.messages import MAX_MESSAGE_SIZE
 from airflow_broker.redaction import redact
 from airflow_broker.worker.activation import activation_command, is_python_target, load_target
-from airflow_broker.worker.transport import AddressError, resolve_address
+from airflow_broker.worker.transport import resolve_address
 
 ERROR = "error"
 WARNING = "warning"

@@ -15,7 +15,7 @@ from typing import Any
 from psycopg import sql
 
 from airflow_broker.broker import Broker
-from airflow_broker.errors import BrokerError
+from airflow_broker.errors import InvalidObjectName
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def queue_status(broker: Broker, queue_name: str) -> QueueStatus:
             " WHERE s.object_id = (SELECT object_id FROM {schema}.find_queue(%s))").format(
                 schema=schema), [queue_name])
     if not rows:
-        raise BrokerError(208, f"Invalid object name '{queue_name}'.")
+        raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
     name, schema_name, enabled, reason, since, ready, poison = rows[0]
     return QueueStatus(name, schema_name, bool(enabled), reason, since, int(ready or 0), poison)
 

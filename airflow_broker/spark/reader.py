@@ -110,13 +110,13 @@ def queue_readers(dsn: str, schema: str | None, queue: str) -> int:
     from psycopg import sql
 
     from airflow_broker.broker import Broker
-    from airflow_broker.errors import BrokerError
+    from airflow_broker.errors import InvalidObjectName
 
     with Broker(dsn, schema=schema, max_connections=1) as broker, broker.transaction() as tx:
         found = tx.run(sql.SQL("SELECT object_id, max_readers FROM {}.find_queue(%s)").format(
             sql.Identifier(broker.schema)), [queue])
     if not found or found[0][0] is None:
-        raise BrokerError(208, f"Invalid object name '{queue}'.")
+        raise InvalidObjectName(f"Invalid object name '{queue}'.")
     return max(int(found[0][1] or 0), 1)
 
 

@@ -26,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
+from airflow_broker.errors import AddressError, BrokerError
 from airflow_broker.redaction import redact
 from airflow_broker.validation import MessageTypeInfo, verdict
 
@@ -37,10 +38,6 @@ REFUSED = "The target service broker failed the transmission: {}"
 # Reading an Airflow connection needs Airflow, which the engine never imports: the Airflow
 # side of the package does it, found by name when an airflow:// address is used.
 AIRFLOW_RESOLVER = "airflow_broker.hooks.connections:far_broker_of"
-
-
-class AddressError(ValueError):
-    """A route address that does not name a reachable broker."""
 
 
 @dataclass(frozen=True)
@@ -280,5 +277,5 @@ class Transport:
 def _reason(exc: BaseException) -> str:
     """The first line of a driver error, which libpq lets quote a connection string: it goes
     into logs and transmission_status."""
-    text = str(exc).strip().splitlines()
+    text = (exc.message if isinstance(exc, BrokerError) else str(exc)).strip().splitlines()
     return redact(text[0]) if text else type(exc).__name__

@@ -248,8 +248,7 @@ def test_spark_readers_are_the_brokerage(run_dag: RunDag, broker_conn: str,
 
 # Where the examples open hooks: the DAG files and the demo's modules.
 EXAMPLE_SOURCES = [*sorted((ROOT / "dags").glob("*.py")),
-                   *(ROOT / "airflow_broker" / name
-                     for name in ("demo_dag.py", "airflow_demo.py", "demo.py"))]
+                   *sorted((ROOT / "airflow_broker" / "demos").glob("*.py"))]
 
 
 @pytest.mark.parametrize("path", EXAMPLE_SOURCES, ids=lambda p: p.name)
