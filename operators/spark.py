@@ -19,8 +19,8 @@ from airflow.sdk import BaseOperator
 import airflow_broker.spark.reader as spark_reader
 from airflow_broker.hooks.broker import BrokerHook
 from airflow_broker.poison import quarantine
+from airflow_broker.poison.strategies import get_strategy
 from airflow_broker.readers import runs as reader_runs
-from airflow_broker.readers.queue_reader import STRATEGIES
 from airflow_broker.spark import cluster as spark_cluster
 from airflow_broker.spark import shipping as spark_shipping
 
@@ -96,7 +96,8 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         ``batch=True``); it must not import Airflow (Airflow forbids its database to a task's
         child processes)
     :param readers: readers at most (default: the queue's MAX_QUEUE_READERS)
-    :param poison_strategy: retry, quarantine, end_conversation, disable or timer_retry
+    :param poison_strategy: retry, quarantine, end_conversation, disable, timer_retry, or a
+        strategy of your own (``package.module:ClassName``; see airflow_broker.poison.strategies)
     :param timer_retry_delay: seconds before a timer_retry retries a parked message
     :param broker_conn_id: the broker connection
     :param conn_id: the Spark connection (JSON form, e.g. ``{"conn_type": "spark", "host":
@@ -135,8 +136,7 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         kubernetes_password_secret: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if poison_strategy not in STRATEGIES:
-            raise ValueError(f"poison_strategy must be one of {STRATEGIES}")
+        get_strategy(poison_strategy)  # a clear error at parse time for an unknown name
         if python_environment not in ("packed", "cluster"):
             raise ValueError("python_environment must be packed or cluster")
         kwargs.setdefault("name", f"broker-reader-{queue_name}")

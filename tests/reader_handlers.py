@@ -11,6 +11,7 @@ from lxml import etree
 from psycopg import sql
 
 from airflow_broker import Message
+from airflow_broker.poison.strategies import Action, Failure, PoisonStrategy
 from airflow_broker.readers.queue_reader import ReaderContext
 
 
@@ -66,3 +67,13 @@ def book_or_die(message: Message, ctx: ReaderContext) -> str:
         if first:
             time.sleep(300)
     return _book(message, ctx)
+
+
+class EndMalformedTrades(PoisonStrategy):
+    """A strategy of a user's own: a malformed trade ends its conversation with an error (the
+    trader must hear of it); any other failure is retried, then quarantined."""
+
+    def decide(self, failure: Failure) -> Action:
+        if isinstance(failure.error, etree.XMLSyntaxError):
+            return Action.END_CONVERSATION
+        return Action.ROLL_BACK if failure.attempts_left else Action.QUARANTINE

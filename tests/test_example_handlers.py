@@ -29,6 +29,8 @@ THIS_FILE = Path(__file__).resolve()
 ROOT = THIS_FILE.parent.parent
 # Where handler names are written: example DAGs, the demo and the rest of the package, tests.
 SEARCHED = ("dags", "airflow_broker", "tests")
+# Names of the Airflow side, which only Airflow's processes resolve (airflow:// routes).
+AIRFLOW_SIDE = ("airflow_broker.hooks.", "airflow_broker.operators.", "airflow_broker.sensors.")
 HANDLER_NAME = re.compile(r"(?:airflow_broker|tests)(?:\.\w+)+:\w+(?:\.\w+)*")
 
 # The supervisor's environment for a task's child processes, and an import system that refuses
@@ -61,6 +63,8 @@ def handler_names() -> dict[str, list[str]]:
                 if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                         and HANDLER_NAME.fullmatch(node.value)):
                     module = node.value.partition(":")[0]
+                    if module.startswith(AIRFLOW_SIDE):
+                        continue
                     found.setdefault(module, set()).add(node.value)
     return {module: sorted(names) for module, names in sorted(found.items())}
 

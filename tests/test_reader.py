@@ -115,6 +115,15 @@ def test_end_conversation_strategy(trading: App) -> None:
     assert "XMLSyntaxError" in errors[0].error().description
 
 
+def test_a_strategy_of_ones_own_is_named_by_its_import_path(trading: App) -> None:
+    handles = send_trades(trading, 2, 3, bad={(0, 1)})
+    stats = reader(trading, strategy="tests.reader_handlers:EndMalformedTrades").run()
+    assert stats.ended == 1 and stats.quarantined == 0 and booked(trading) == 3 + 1
+    with trading.broker.transaction() as tx:
+        errors = [m for m in tx.receive("q_i", conversation_handle=handles[0]) if m.is_error]
+    assert len(errors) == 1 and "XMLSyntaxError" in errors[0].error().description
+
+
 def test_retry_strategy_is_bounded_by_attempts(trading: App) -> None:
     send_trades(trading, 1, 2, bad={(0, 0)})
     stats = reader(trading, strategy="retry", max_attempts=3).run()

@@ -10,21 +10,13 @@ function can also ``ctx.send()`` and ``ctx.end_conversation()`` and run its own 
 ``ctx.tx``: everything commits together with the RECEIVE, or not at all.
 
 Each message is processed inside a savepoint, so one failing message never undoes the others.
-What happens to a failing message is the poison strategy (spec 18.2):
-
-- ``retry``: roll the whole transaction back so the messages come back (transient errors);
-  after ``max_attempts`` a message is quarantined instead.
-- ``quarantine``: move it to the quarantine table with its error and traceback, commit the rest.
-- ``end_conversation``: END CONVERSATION WITH ERROR on its conversation.
-- ``disable``: roll back and leave it to poison-message detection, which disables the queue and
-  raises BROKER_QUEUE_DISABLED after five rollbacks (SQL Server's behaviour).
-- ``timer_retry``: park it in the quarantine table as "retrying", start a conversation timer, and
-  try again when the DialogTimer arrives; later messages of the conversation wait behind it, so
-  its order holds; after ``max_attempts`` it stays quarantined.
+What happens to a failing message is the poison strategy's decision
+(:mod:`airflow_broker.poison.strategies`): roll the batch back, quarantine the message, end its
+conversation with an error, or park it for a retry on a conversation timer.
 
 EndDialog and Error messages end the conversation on this side (after the handler has seen an
-Error, if it wants to); DialogTimer messages drive ``timer_retry`` and otherwise go to the
-handler.
+Error, if it wants to); DialogTimer messages retry parked messages under a strategy that parks
+them, and otherwise go to the handler.
 """
 
 from __future__ import annotations
@@ -44,6 +36,7 @@ from airflow_broker.broker import Broker
 from airflow_broker.dialogs import Body
 from airflow_broker.errors import QueueDisabledError
 from airflow_broker.messages import Message
+from airflow_broker.poison.strategies import Action, Failure, PoisonStrategy, get_strategy
 from airflow_broker.transaction import Transaction
 
 if TYPE_CHECKING:
@@ -51,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("retry", "quarantine", "end_conversation", "disable", "timer_retry")
 # Failures a reader keeps to report (its attempt's summary, the task log); the quarantine table
 # keeps every quarantined message.
 KEPT_EVENTS = 20
@@ -85,6 +77,7 @@ class ReaderConfig:
     batch_size: int = 100
     waitfor_timeout: float = 1.0
     idle_exit: float = 5.0
+    # A name of airflow_broker.poison.strategies' registry, or package.module:ClassName.
     strategy: str = "quarantine"
     max_attempts: int = 3
     retry_delay: int = 30
@@ -92,14 +85,15 @@ class ReaderConfig:
     error_code: int = 500
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown poison strategy {self.strategy!r}; one of {STRATEGIES}")
         if self.batch_size < 1 or self.max_attempts < 1 or self.retry_delay < 1:
             raise ValueError("batch_size, max_attempts and retry_delay must be 1 or more")
-        if self.batch and self.strategy == "timer_retry":
-            # A batch handler has already worked on a conversation's later messages when an
-            # earlier one fails, so their order could not be kept.
-            raise ValueError("timer_retry needs a per-message handler")
+        poison = get_strategy(self.strategy)
+        if self.batch and poison.per_message:
+            raise ValueError(f"{self.strategy} needs a per-message handler")
+
+    @property
+    def poison(self) -> PoisonStrategy:
+        return get_strategy(self.strategy)
 
 
 @dataclass
@@ -153,6 +147,7 @@ class QueueReader:
         self.broker = broker
         self.config = config
         self.handler = handler or load_callable(config.handler)
+        self.poison = config.poison
         self.stats = ReaderStats()
         # The attempt's failures: what the strategy did with each, for the run's summary.
         self.events: list[dict[str, Any]] = []
@@ -235,7 +230,7 @@ class QueueReader:
                     log.warning("conversation %s ended with error %s", message.conversation_handle,
                                 message.error())
                 ctx.end_conversation(message.conversation_handle)
-            elif message.is_dialog_timer and self.config.strategy == "timer_retry":
+            elif message.is_dialog_timer and self.poison.parks:
                 if not self._retry_parked(ctx, message.conversation_handle):
                     parked.discard(message.conversation_handle)
             elif message.conversation_handle in parked:
@@ -301,29 +296,28 @@ class QueueReader:
 
     def _failed(self, ctx: ReaderContext, message: Message, exc: BaseException,
                 tb: str) -> bool:
-        """Applies the poison strategy; False when the message was parked for a retry."""
+        """Carries out the poison strategy's decision; False when the message was parked for a
+        retry."""
         self.stats.failed += 1
-        strategy = self.config.strategy
         attempts = message.attempts + 1
         log.warning("message %s (%s #%s) failed on attempt %s: %s", message.message_id,
                     message.message_type_name, message.message_sequence_number, attempts, exc)
-        if strategy in ("retry", "disable") and (strategy == "disable"
-                                                 or attempts < self.config.max_attempts):
+        action = self.poison.decide(Failure(message, exc, attempts, self.config.max_attempts))
+        if action is Action.PARK and not self.poison.parks:
+            raise TypeError(f"{self.poison!r} parked a message but does not say it parks")
+        self._event(message, attempts, exc, action.value)
+        if action is Action.ROLL_BACK:
             self.stats.retried += 1
-            self._event(message, attempts, exc, "rolled back")
             raise RollbackBatch(str(exc)) from exc
-        if strategy == "end_conversation":
-            self._event(message, attempts, exc, "conversation ended with error")
+        if action is Action.END_CONVERSATION:
             ctx.end_conversation(message.conversation_handle, error=self.config.error_code,
                                  description=f"{type(exc).__name__}: {exc}"[:3000])
             return True
-        if strategy == "timer_retry" and attempts < self.config.max_attempts:
+        if action is Action.PARK:
             self._park(ctx, message, f"{type(exc).__name__}: {exc}", tb)
             ctx.tx.begin_conversation_timer(message.conversation_handle, self.config.retry_delay)
             self.stats.retried += 1
-            self._event(message, attempts, exc, "parked for a timer retry")
             return False
-        self._event(message, attempts, exc, "quarantined")
         self._quarantine(ctx, message, f"{type(exc).__name__}: {exc}", tb, attempts)
         return True
 
@@ -345,7 +339,7 @@ class QueueReader:
                          status="retrying")
 
     def _parked_conversations(self, tx: Transaction, handles: set[uuid.UUID]) -> set[uuid.UUID]:
-        if self.config.strategy != "timer_retry":
+        if not self.poison.parks:
             return set()
         rows = tx.run(sql.SQL(
             "SELECT DISTINCT conversation_handle FROM {}.quarantine"
@@ -372,9 +366,14 @@ class QueueReader:
                     self._reply(ctx, message, self.handler(message, ctx))
             except Exception as exc:
                 attempts += 1
-                self._event(message, attempts, exc, "quarantined"
-                            if attempts >= self.config.max_attempts else "parked for a timer retry")
-                if attempts >= self.config.max_attempts:
+                action = self.poison.decide(
+                    Failure(message, exc, attempts, self.config.max_attempts))
+                # A parked message is parked again or quarantined: it has been rolled back
+                # from its batch already, and its conversation waits behind it.
+                if action is not Action.PARK:
+                    action = Action.QUARANTINE
+                self._event(message, attempts, exc, action.value)
+                if action is Action.QUARANTINE:
                     ctx.tx.run(sql.SQL(
                         "UPDATE {}.quarantine SET status = 'quarantined', attempts = %s,"
                         " error = %s, traceback = %s WHERE quarantine_id = %s").format(schema),

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from airflow_broker.poison.strategies import strategy_names
 from airflow_broker.spark.cluster import DSN_VARIABLE
 
 if TYPE_CHECKING:
@@ -55,8 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--idle-exit", type=float, default=5.0,
                         help="stop after the queue stayed empty this many seconds")
     parser.add_argument("--strategy", default="quarantine",
-                        choices=["retry", "quarantine", "end_conversation", "disable",
-                                 "timer_retry"])
+                        help=f"poison strategy: one of {', '.join(strategy_names())}, or "
+                             "package.module:ClassName")
     parser.add_argument("--max-attempts", type=int, default=3)
     parser.add_argument("--retry-delay", type=int, default=30, help="seconds (timer_retry)")
     parser.add_argument("--reply-message-type")
