@@ -1,37 +1,107 @@
-"""What every broker statement shares: the caller's connection, the schema, and the mapping of
-database errors to BrokerError."""
+"""What every broker statement shares: the caller's connection, the state shared by the
+Transactions of one Broker (rendered statements, catalogue caches, WAITFOR wake-ups, poison
+detection's side connection), and the mapping of database errors to BrokerError."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 
-from airflow_broker.errors import translate
+from airflow_broker.errors import InvalidObjectName, translate
+from airflow_broker.messages import Message
+from airflow_broker.poison.detection import SideChannel
+from airflow_broker.queries import Queries
+from airflow_broker.validation import MessageTypeInfo
+from airflow_broker.waitfor import WakeUps
 
 TUPLES_OK = ExecStatus.TUPLES_OK
 
-if TYPE_CHECKING:
-    from airflow_broker.broker import Broker
-    from airflow_broker.messages import Message
+
+@dataclass
+class BrokerStats:
+    """What this process did through one Broker (activated readers report it)."""
+
+    received: int = 0
+    rollbacks: int = 0
+
+
+class Shared:
+    """What the Transactions of one Broker share: its schema's queries, the catalogue caches,
+    WAITFOR wake-ups, poison detection's side connection and the counts of what was done."""
+
+    def __init__(self, queries: Queries, wakeups: WakeUps, side: SideChannel,
+                 poll_interval: float) -> None:
+        self.queries = queries
+        self.wakeups = wakeups
+        self.side = side
+        self.poll_interval = poll_interval
+        self.stats = BrokerStats()
+        self._message_types: dict[str, MessageTypeInfo | None] = {}
+        self._queue_ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def message_type_info(self, runner: StatementRunner, name: str) -> MessageTypeInfo | None:
+        with self._lock:
+            if name in self._message_types:
+                return self._message_types[name]
+        rows = runner.run(self.queries["message_type_validation"], [name])
+        info = None
+        if rows:
+            kind, collection_id, schemas = rows[0]
+            info = MessageTypeInfo(name, kind, collection_id, tuple(schemas or ()))
+        with self._lock:
+            self._message_types[name] = info
+        return info
+
+    def forget_message_types(self) -> None:
+        with self._lock:
+            self._message_types.clear()
+
+    def queue_id(self, runner: StatementRunner, queue_name: str) -> int:
+        with self._lock:
+            known = self._queue_ids.get(queue_name)
+        if known is not None:
+            return known
+        found = runner.scalar(self.queries["queue_id"], [queue_name])
+        if found is None:
+            raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
+        with self._lock:
+            self._queue_ids[queue_name] = int(found)
+        return int(found)
+
+    def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],
+                         backend_pid: int) -> None:
+        # Rendered by hand: every value is an integer or a UUID (nothing to quote), and
+        # psycopg's adaptation of a UUID array cost more than the rest of the call.
+        ids = ",".join(str(m) for m in message_ids)
+        self.side.post(self.queries["register_receive"] % (
+            int(queue_id), int(xid), ids.encode(), int(backend_pid)))
+
+    def resolve_receives(self, queue_ids: set[int]) -> None:
+        for queue_id in sorted(queue_ids):
+            self.side.run(self.queries["resolve_receives"] % int(queue_id))
 
 
 class StatementRunner:
     """Runs broker functions on one connection, inside the caller's transaction."""
 
-    def __init__(self, conn: psycopg.Connection[TupleRow], broker: Broker, *,
+    def __init__(self, conn: psycopg.Connection[TupleRow], shared: Shared, *,
                  begin: bool = False) -> None:
         self._conn = conn
         # Broker.transaction() hands over an autocommit connection: BEGIN goes out with the
         # first statement, saving the round trip psycopg spends on BEGIN alone.
         self._begin_pending = begin
-        self.broker = broker
-        self.schema = broker.schema
+        self.shared = shared
+        self.queries = shared.queries
+        self.schema = shared.queries.schema
         # Groups locked inside each open savepoint(), innermost last.
         self._savepoint_groups: list[set[uuid.UUID]] = []
         # Queues this transaction received from (resolved for poison detection on rollback).
@@ -61,19 +131,19 @@ class StatementRunner:
     ) -> None:
         """Registers a receiving transaction for poison-message detection, on the Broker's own
         connection so that the record survives this transaction's rollback."""
-        self.broker.stats.received += len(messages)
+        self.shared.stats.received += len(messages)
         if self._conn.info.transaction_status == TransactionStatus.IDLE:
             # An autocommit RECEIVE has committed already: nothing can roll it back.
             return
         self.received_queues.add(queue_id)
         if poison_handling:
-            self.broker.register_receive(queue_id, xid, [m.message_id for m in messages],
+            self.shared.register_receive(queue_id, xid, [m.message_id for m in messages],
                                          self._conn.info.backend_pid)
 
     def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
         """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the
         text stays identical and psycopg prepares it after a few calls."""
-        return self.broker.rendered_call(name, arity, casts)
+        return self.queries.call(name, arity, casts)
 
     def run(self, query: bytes | sql.SQL | sql.Composed,
             params: Sequence[Any] = ()) -> list[TupleRow]:

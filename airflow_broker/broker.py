@@ -6,12 +6,9 @@ import contextlib
 import datetime as dt
 import logging
 import os
-import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -20,16 +17,13 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from airflow_broker import migrations
+from airflow_broker._statements import BrokerStats, Shared
 from airflow_broker.embedded import EmbeddedPostgres
-from airflow_broker.errors import InvalidObjectName
 from airflow_broker.messages import Message
 from airflow_broker.poison.detection import SideChannel
+from airflow_broker.queries import DEFAULT_SCHEMA, Queries
 from airflow_broker.transaction import Transaction
-from airflow_broker.validation import MessageTypeInfo
 from airflow_broker.waitfor import WakeUps
-
-if TYPE_CHECKING:
-    from airflow_broker._statements import StatementRunner
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +33,6 @@ SCHEMA_ENV = "AIRFLOW_BROKER_SCHEMA"
 
 def resolve_dsn(dsn: str | None = None) -> str | None:
     return dsn or os.environ.get(DSN_ENV) or None
-
-
-@dataclass
-class BrokerStats:
-    """What this process did through this Broker (activated readers report it)."""
-
-    received: int = 0
-    rollbacks: int = 0
 
 
 class Broker:
@@ -74,7 +60,7 @@ class Broker:
         application_name: str = "airflow-broker",
         role: str | None = None,
     ) -> None:
-        self.schema = schema or os.environ.get(SCHEMA_ENV) or "broker"
+        self.schema = schema or os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
         self.embedded: EmbeddedPostgres | None = None
         resolved = resolve_dsn(dsn)
         if resolved is None:
@@ -84,7 +70,6 @@ class Broker:
         self.role = role
         self.application_name = application_name
         self.poll_interval = poll_interval
-        self.stats = BrokerStats()
         self.pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
             self.dsn,
             min_size=min_connections,
@@ -94,22 +79,10 @@ class Broker:
             kwargs={"application_name": application_name},
             configure=self._configure if role else None,
         )
-        self.wakeups = WakeUps(self.dsn, self.schema)
-        self._calls: dict[tuple[str, int, tuple[str, ...]], bytes] = {}
-        self._message_types: dict[str, MessageTypeInfo | None] = {}
-        self._queue_ids: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self.queries = Queries(self.schema)
         # Poison detection's records, which must survive the caller's rollback.
-        self.side = SideChannel(self.dsn, application_name, role)
-        self._register_call = sql.SQL("SELECT {}.register_receive").format(
-            sql.Identifier(self.schema)).as_bytes(None)
-        schema_id = sql.Identifier(self.schema)
-        self.receive_query = sql.SQL(
-            "SELECT r.*, pg_current_xact_id_if_assigned()::text, q.object_id,"
-            " q.is_poison_message_handling_enabled"
-            " FROM {schema}.receive(%s::text, %s::bigint, %s::uuid, %s::uuid) r,"
-            " {schema}.find_queue(%s::text) q"
-        ).format(schema=schema_id).as_bytes(None)
+        self.shared = Shared(self.queries, WakeUps(self.dsn, self.schema),
+                             SideChannel(self.dsn, application_name, role), poll_interval)
 
     def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
         # EXECUTE AS: every statement of this Broker runs as the role.
@@ -119,7 +92,7 @@ class Broker:
     def install(self, *, up_to: str | None = None) -> migrations.InstallReport:
         """Creates or upgrades the broker schema (idempotent)."""
         report = migrations.install(self.dsn, self.schema, up_to=up_to)
-        self.forget_message_types()
+        self.shared.forget_message_types()
         return report
 
     @contextmanager
@@ -143,7 +116,7 @@ class Broker:
         rolls back when it raises."""
         with self._autocommit_connection() as conn:
             # BEGIN, COMMIT and ROLLBACK are ours: BEGIN travels with the first statement.
-            tx = Transaction(conn, self, begin=True)
+            tx = Transaction(conn, self.shared, begin=True)
             try:
                 yield tx
                 if tx.begun:
@@ -158,22 +131,8 @@ class Broker:
                 if tx.received_queues:
                     # A rolled-back receive counts towards poison detection at once.
                     self.stats.rollbacks += 1
-                    self.resolve_receives(tx.received_queues)
+                    self.shared.resolve_receives(tx.received_queues)
                 raise
-
-    def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],
-                         backend_pid: int) -> None:
-        # Rendered by hand: every value is an integer or a UUID (nothing to quote), and
-        # psycopg's adaptation of a UUID array cost more than the rest of the call.
-        ids = ",".join(str(m) for m in message_ids)
-        self.side.post(
-            b"%s(%d, '%d'::xid8, '{%s}'::uuid[], %d)"
-            % (self._register_call, int(queue_id), int(xid), ids.encode(), int(backend_pid)))
-
-    def resolve_receives(self, queue_ids: set[int]) -> None:
-        for queue_id in sorted(queue_ids):
-            self.side.run(sql.SQL("SELECT {}.resolve_receives({})").format(
-                sql.Identifier(self.schema), int(queue_id)).as_bytes(None))
 
     def receive(
         self,
@@ -191,18 +150,23 @@ class Broker:
         and poison detection has nothing to count. For exactly-once processing, RECEIVE inside
         ``transaction()`` and commit with your work."""
         with self._autocommit_connection() as conn:
-            return Transaction(conn, self).receive(
+            return Transaction(conn, self.shared).receive(
                 queue_name, top, conversation_handle=conversation_handle,
                 conversation_group_id=conversation_group_id, waitfor=waitfor, timeout=timeout)
 
     def session(self, conn: psycopg.Connection[TupleRow]) -> Transaction:
         """Broker statements on a connection you manage (your transaction, your commit)."""
-        return Transaction(conn, self)
+        return Transaction(conn, self.shared)
+
+    @property
+    def stats(self) -> BrokerStats:
+        """What this process did through this Broker (activated readers report it)."""
+        return self.shared.stats
 
     def close(self) -> None:
-        self.wakeups.close()
+        self.shared.wakeups.close()
         self.pool.close()
-        self.side.close()
+        self.shared.side.close()
         if self.embedded is not None:
             self.embedded.release()
             self.embedded = None
@@ -216,8 +180,7 @@ class Broker:
     def now(self) -> dt.datetime:
         """The broker clock (UTC): what every time-based rule reads."""
         with self.pool.connection() as conn:
-            row = conn.execute(
-                sql.SQL("SELECT {}.utc_now()").format(sql.Identifier(self.schema))).fetchone()
+            row = conn.execute(self.queries["utc_now"]).fetchone()
         assert row is not None
         value: dt.datetime = row[0]
         return value
@@ -227,8 +190,7 @@ class Broker:
         """This broker's instance id (SQL Server's service_broker_guid); NEW_BROKER changes
         it."""
         with self.pool.connection() as conn:
-            row = conn.execute(sql.SQL("SELECT service_broker_guid FROM {}.broker_identity")
-                               .format(sql.Identifier(self.schema))).fetchone()
+            row = conn.execute(self.queries["broker_instance"]).fetchone()
         assert row is not None
         value: uuid.UUID = row[0]
         return value
@@ -236,72 +198,7 @@ class Broker:
     def advance_clock(self, by: dt.timedelta) -> dt.datetime:
         """Moves the broker clock forward (tests, and rehearsing timeouts)."""
         with self.pool.connection() as conn:
-            row = conn.execute(
-                sql.SQL("SELECT {}.advance_clock(%s)").format(sql.Identifier(self.schema)),
-                [by]).fetchone()
+            row = conn.execute(self.queries["advance_clock"], [by]).fetchone()
         assert row is not None
         value: dt.datetime = row[0]
         return value
-
-    # Shared by the statements of every Transaction of this Broker.
-
-    def rendered_call(self, name: str, arity: int, casts: Sequence[str] | None) -> bytes:
-        key = (name, arity, tuple(casts or ()))
-        text = self._calls.get(key)
-        if text is None:
-            # Lists of bytes go in binary: psycopg's text format escapes each element in
-            # Python (389 µs for 100 bodies of 100 bytes, against 25 µs in binary).
-            args = [
-                sql.SQL("{}::{}").format(
-                    sql.SQL("%b" if cast == "bytea[]" else "%s"), sql.SQL(cast)
-                ) if cast else sql.SQL("%s")
-                for cast in (casts or [""] * arity)
-            ]
-            query = sql.SQL("SELECT * FROM {}.{}({})").format(
-                sql.Identifier(self.schema), sql.Identifier(name), sql.SQL(", ").join(args)
-            )
-            text = query.as_bytes(None)
-            self._calls[key] = text
-        return text
-
-    def message_type_info(self, runner: StatementRunner, name: str) -> MessageTypeInfo | None:
-        with self._lock:
-            if name in self._message_types:
-                return self._message_types[name]
-        rows = runner.run(
-            sql.SQL(
-                "SELECT t.validation_kind, t.xml_collection_id, c.schemas"
-                " FROM {schema}.message_types t"
-                " LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)"
-                " WHERE t.name = %s"
-            ).format(schema=sql.Identifier(self.schema)),
-            [name],
-        )
-        info = None
-        if rows:
-            kind, collection_id, schemas = rows[0]
-            info = MessageTypeInfo(name, kind, collection_id, tuple(schemas or ()))
-        with self._lock:
-            self._message_types[name] = info
-        return info
-
-    def forget_message_types(self) -> None:
-        with self._lock:
-            self._message_types.clear()
-
-    def queue_id(self, runner: StatementRunner, queue_name: str) -> int:
-        with self._lock:
-            known = self._queue_ids.get(queue_name)
-        if known is not None:
-            return known
-        found = runner.scalar(
-            sql.SQL("SELECT object_id FROM {}.find_queue(%s)").format(
-                sql.Identifier(self.schema)
-            ),
-            [queue_name],
-        )
-        if found is None:
-            raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
-        with self._lock:
-            self._queue_ids[queue_name] = int(found)
-        return int(found)

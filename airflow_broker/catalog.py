@@ -22,7 +22,7 @@ class CatalogStatements(StatementRunner):
         ``schema_collection``)."""
         q = self.function("create_message_type", 3, ["text", "text", "text"])
         result: int = self.scalar(q, [name, validation, schema_collection])
-        self.broker.forget_message_types()
+        self.shared.forget_message_types()
         return result
 
     def alter_message_type(
@@ -30,11 +30,11 @@ class CatalogStatements(StatementRunner):
     ) -> None:
         self.run(self.function("alter_message_type", 3, ["text", "text", "text"]),
                  [name, validation, schema_collection])
-        self.broker.forget_message_types()
+        self.shared.forget_message_types()
 
     def drop_message_type(self, name: str) -> None:
         self.run(self.function("drop_message_type", 1, ["text"]), [name])
-        self.broker.forget_message_types()
+        self.shared.forget_message_types()
 
     def create_xml_schema_collection(self, name: str, schemas: Sequence[str]) -> int:
         """CREATE XML SCHEMA COLLECTION from XSD documents, each checked to be a valid schema."""

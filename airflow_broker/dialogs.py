@@ -110,7 +110,7 @@ class ConversationStatements(StatementRunner):
         data = [body_bytes(b) for b in bodies]
         if not data:
             return
-        info = self.broker.message_type_info(self, message_type)
+        info = self.shared.message_type_info(self, message_type)
         checked_as = info.checked_as if info is not None else None
         problems = [verdict(info, d) if info is not None and checked_as and d else None
                     for d in data]
@@ -129,7 +129,7 @@ class ConversationStatements(StatementRunner):
     def _send(self, function: str, handles: list[uuid.UUID] | uuid.UUID, message_type: str,
               body: Body) -> Any:
         data = body_bytes(body)
-        info = self.broker.message_type_info(self, message_type)
+        info = self.shared.message_type_info(self, message_type)
         checked_as = None
         problem = None
         if info is not None and info.checked_as is not None and data:
@@ -143,7 +143,7 @@ class ConversationStatements(StatementRunner):
                                    problem])
         except SchemaValidationNeedsPython:
             # The message type changed since it was cached: the next SEND reloads it.
-            self.broker.forget_message_types()
+            self.shared.forget_message_types()
             raise
 
     def end_conversation(

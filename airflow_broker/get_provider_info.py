@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_broker.queries import DEFAULT_SCHEMA
+
 INTEGRATION = "Service Broker on PostgreSQL"
 
 
@@ -53,7 +55,7 @@ def get_provider_info() -> dict[str, Any]:
                     "label": "Broker schema",
                     "description": "PostgreSQL schema that holds the broker "
                                    "(created by `airflow-broker install`)",
-                    "schema": {"type": ["string", "null"], "default": "broker",
+                    "schema": {"type": ["string", "null"], "default": DEFAULT_SCHEMA,
                                "maxLength": 63},
                 },
                 "sslmode": {

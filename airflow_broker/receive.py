@@ -33,7 +33,7 @@ class ReceiveStatements(StatementRunner):
         ``timeout`` seconds (None: no limit) have passed, and then returns an empty list; it
         holds no lock while it waits.
         """
-        q = self.broker.receive_query
+        q = self.queries["receive"]
         params = [queue_name, top, conversation_handle, conversation_group_id, queue_name]
 
         def once() -> list[Message]:
@@ -81,9 +81,9 @@ class ReceiveStatements(StatementRunner):
         if found(result) or not waitfor:
             return result
         deadline = None if timeout is None else time.monotonic() + timeout
-        queue_id = self.broker.queue_id(self, queue_name)
-        poll = self.broker.poll_interval
-        with self.broker.wakeups.waiting(queue_id) as waiter:
+        queue_id = self.shared.queue_id(self, queue_name)
+        poll = self.shared.poll_interval
+        with self.shared.wakeups.waiting(queue_id) as waiter:
             # A SEND that looked for waiters just before this one was registered, and commits
             # just after the check below, sends no NOTIFY: the first polls come quickly, so
             # that race costs milliseconds, and the rest at the poll interval.

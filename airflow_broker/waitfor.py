@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
+from airflow_broker.queries import Queries
+
 log = logging.getLogger(__name__)
 
 
@@ -54,12 +56,19 @@ class Waiter:
         return woken
 
 
+
+def queue_channel(schema: str, queue_id: int | str) -> str:
+    """The NOTIFY channel of a queue: SEND's wake_waiters() (00_support.sql) notifies it."""
+    return f"{schema}_queue_{queue_id}"
+
+
 class WakeUps:
     """The listener of one Broker. Started on first use; ``close()`` stops it."""
 
     def __init__(self, dsn: str, schema: str) -> None:
         self._dsn = dsn
         self._schema = schema
+        self._queries = Queries(schema)
         self._commands: queue_module.Queue[_Command] = queue_module.Queue()
         self._waiters: dict[int, dict[uuid.UUID, Waiter]] = defaultdict(dict)
         self._lock = threading.Lock()
@@ -72,7 +81,7 @@ class WakeUps:
         self._bell_ringer.setblocking(False)
 
     def channel(self, queue_id: int) -> str:
-        return f"{self._schema}_queue_{queue_id}"
+        return queue_channel(self._schema, queue_id)
 
     @contextmanager
     def waiting(self, queue_id: int) -> Iterator[Waiter]:
@@ -186,12 +195,7 @@ class WakeUps:
                     self._register(conn, listening, registered, command.waiter_id, command.queue_id)
                 else:
                     registered.pop(command.waiter_id, None)
-                    conn.execute(
-                        sql.SQL("DELETE FROM {}.queue_waiters WHERE waiter_id = %s").format(
-                            sql.Identifier(self._schema)
-                        ),
-                        [command.waiter_id],
-                    )
+                    conn.execute(self._queries["waiters_remove"], [[command.waiter_id]])
             except psycopg.Error as exc:
                 # The reconnect registers the waiters still present again.
                 command.error = exc
@@ -207,29 +211,15 @@ class WakeUps:
         waiter_id: uuid.UUID,
         queue_id: int,
     ) -> None:
-        schema = sql.Identifier(self._schema)
         if queue_id not in listening:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel(queue_id))))
             listening.add(queue_id)
-            # Rows left by listeners that died would only cause needless NOTIFYs.
-            conn.execute(
-                sql.SQL(
-                    "DELETE FROM {}.queue_waiters WHERE queue_id = %s"
-                    " AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity)"
-                ).format(schema),
-                [queue_id],
-            )
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {}.queue_waiters (waiter_id, queue_id, backend_pid, since)"
-                " VALUES (%s, %s, pg_backend_pid(), {}.utc_now()) ON CONFLICT DO NOTHING"
-            ).format(schema, schema),
-            [waiter_id, queue_id],
-        )
+            conn.execute(self._queries["waiters_clear_stale"], [queue_id])
+        conn.execute(self._queries["waiter_register"], [waiter_id, queue_id])
         registered[waiter_id] = queue_id
 
     def _wake_channel(self, channel: str) -> None:
-        prefix = f"{self._schema}_queue_"
+        prefix = queue_channel(self._schema, "")
         if not channel.startswith(prefix):
             return
         queue_id = int(channel[len(prefix) :])

@@ -21,12 +21,12 @@ from psycopg.conninfo import make_conninfo
 
 from airflow_broker import Broker, Message, Transaction, decode_body
 from airflow_broker.migrations import pending
+from airflow_broker.queries import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
     from sqlalchemy.engine import Engine
 
-DEFAULT_SCHEMA = "broker"
 
 # Connection extras that are libpq parameters and go into the DSN as they are.
 LIBPQ_EXTRAS = frozenset({

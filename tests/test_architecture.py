@@ -5,6 +5,7 @@ import graph has no cycle, and no module grows past a size a reader can hold in 
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,25 +32,20 @@ def _module_name(path: Path) -> str:
 
 
 def modules() -> Iterator[tuple[str, Path]]:
-    for path in sorted(PACKAGE.rglob("*.py")):
+    # The Airflow folders are linked into the package: walk through the links.
+    found = [Path(folder) / name for folder, _, names in os.walk(PACKAGE, followlinks=True)
+             for name in names if name.endswith(".py")]
+    for path in sorted(found):
         yield _module_name(path), path
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-
-
 def imports(name: str, path: Path) -> Iterator[str]:
-    """Every module ``name`` imports, at module level or inside a function, except what it
-    imports for type checking only."""
+    """Every module ``name`` imports: at module level, inside a function, or for type checking
+    only (a cycle of types is a cycle of meaning all the same)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
     def visit(node: ast.AST) -> Iterator[str]:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for other in child.orelse:
-                    yield from visit(other)
-                continue
             if isinstance(child, ast.Import):
                 yield from (alias.name for alias in child.names)
             elif isinstance(child, ast.ImportFrom):

@@ -12,6 +12,7 @@ import psycopg
 
 from airflow_broker import Broker
 from airflow_broker.migrations import functions, install, migrations, pending
+from airflow_broker.queries import QUERIES_FILE
 
 
 def test_install_is_idempotent_and_reports_what_it_did(empty_dsn: str) -> None:
@@ -84,9 +85,16 @@ def test_wheel_maps_airflow_folders_into_the_package(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"airflow_broker", wheel.name.split("-py3")[0] + ".dist-info"}
-    for package in ("hooks", "operators", "sensors", "triggers", "notifications"):
+    assert len(names) == len(set(names))
+    for package in ("hooks", "operators", "sensors", "triggers", "notifications", "queues",
+                    "admin", "demos", "poison", "readers", "spark", "worker"):
         assert f"airflow_broker/{package}/__init__.py" in names
+    # Every module of the source tree is in the wheel.
+    package_dir = root / "airflow_broker"
+    assert {f"airflow_broker/{p.relative_to(package_dir)}" for p in package_dir.rglob("*.py")
+            if "__pycache__" not in p.parts} <= set(names)
     shipped_sql = {n.rsplit("/", 1)[1] for n in names if n.endswith(".sql")}
-    assert shipped_sql == {f.name for f in migrations()} | {f.name for f in functions()}
+    assert shipped_sql == ({f.name for f in migrations()} | {f.name for f in functions()}
+                           | {QUERIES_FILE.name})
     for package in ("hooks", "operators", "sensors"):
         assert importlib.import_module(f"airflow_broker.{package}").__name__.endswith(package)

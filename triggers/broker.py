@@ -34,6 +34,8 @@ from airflow_broker.errors import translate
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
 from airflow_broker.hooks.broker import INBOX_COLUMNS, BrokerHook, inbox_row_to_dict
 from airflow_broker.messages import EVENT_NOTIFICATION
+from airflow_broker.queries import Queries
+from airflow_broker.waitfor import queue_channel
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -68,6 +70,7 @@ class QueueListener:
     def __init__(self, conn: AsyncConn, schema: str) -> None:
         self.conn = conn
         self.schema = schema
+        self.queries = Queries(schema)
         self._waiters: list[uuid.UUID] = []
 
     async def listen(self, channel: str) -> None:
@@ -75,18 +78,10 @@ class QueueListener:
 
     async def wait_on_queue(self, queue_id: int) -> None:
         """Makes SEND to the queue NOTIFY this connection, from now on."""
-        schema = sql.Identifier(self.schema)
-        await self.listen(f"{self.schema}_queue_{queue_id}")
-        # Rows of waiters whose session is gone would only cause needless NOTIFYs.
-        await self.conn.execute(sql.SQL(
-            "DELETE FROM {}.queue_waiters WHERE queue_id = %s"
-            " AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity)").format(schema),
-            [queue_id])
+        await self.listen(queue_channel(self.schema, queue_id))
+        await self.conn.execute(self.queries["waiters_clear_stale"], [queue_id])
         waiter_id = uuid.uuid4()
-        await self.conn.execute(sql.SQL(
-            "INSERT INTO {}.queue_waiters (waiter_id, queue_id, backend_pid, since)"
-            " VALUES (%s, %s, pg_backend_pid(), {}.utc_now()) ON CONFLICT DO NOTHING").format(
-                schema, schema), [waiter_id, queue_id])
+        await self.conn.execute(self.queries["waiter_register"], [waiter_id, queue_id])
         self._waiters.append(waiter_id)
 
     async def wait(self, timeout: float) -> bool:
@@ -99,9 +94,7 @@ class QueueListener:
         if self._waiters and not self.conn.closed:
             # On failure the session ends anyway; the next waiter cleans the stale row.
             with contextlib.suppress(psycopg.Error):
-                await self.conn.execute(
-                    sql.SQL("DELETE FROM {}.queue_waiters WHERE waiter_id = ANY(%s)").format(
-                        sql.Identifier(self.schema)), [self._waiters])
+                await self.conn.execute(self.queries["waiters_remove"], [self._waiters])
         self._waiters.clear()
 
 

@@ -7,8 +7,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from psycopg import sql
-
 from airflow_broker.broker import Broker
 from airflow_broker.messages import decode_body
 
@@ -37,30 +35,24 @@ class QuarantinedMessage:
 
 def list_quarantined(broker: Broker, queue_name: str | None = None,
                      include_resolved: bool = False) -> list[QuarantinedMessage]:
-    query = sql.SQL(
-        "SELECT quarantine_id, queue_name, status, quarantined_at, attempts, conversation_handle,"
-        " message_type_name, message_sequence_number, message_id, message_body, error"
-        " FROM {}.quarantined_messages"
-        " WHERE (%s::text IS NULL OR queue_name = %s) AND (%s OR status IN"
-        " ('quarantined', 'retrying'))"
-        " ORDER BY quarantined_at, quarantine_id").format(sql.Identifier(broker.schema))
     with broker.transaction() as tx:
-        rows = tx.run(query, [queue_name, queue_name, include_resolved])
+        rows = tx.run(tx.queries["quarantined_messages"],
+                      [queue_name, queue_name, include_resolved])
     return [QuarantinedMessage(*row) for row in rows]
 
 
 def replay(broker: Broker, quarantine_ids: Sequence[int]) -> int:
     """Puts the messages back on their conversations, in sequence order; all or none."""
-    call = sql.SQL("SELECT {}.replay_quarantined(%s)").format(sql.Identifier(broker.schema))
     with broker.transaction() as tx:
+        call = tx.function("replay_quarantined", 1)
         for quarantine_id in sorted(quarantine_ids):
             tx.run(call, [quarantine_id])
     return len(quarantine_ids)
 
 
 def discard(broker: Broker, quarantine_ids: Sequence[int]) -> int:
-    call = sql.SQL("SELECT {}.discard_quarantined(%s)").format(sql.Identifier(broker.schema))
     with broker.transaction() as tx:
+        call = tx.function("discard_quarantined", 1)
         for quarantine_id in quarantine_ids:
             tx.run(call, [quarantine_id])
     return len(quarantine_ids)

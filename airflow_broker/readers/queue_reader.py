@@ -28,19 +28,15 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
-
-from psycopg import sql
+from typing import Any
 
 from airflow_broker.broker import Broker
 from airflow_broker.dialogs import Body
 from airflow_broker.errors import QueueDisabledError
 from airflow_broker.messages import Message
 from airflow_broker.poison.strategies import Action, Failure, PoisonStrategy, get_strategy
+from airflow_broker.readers.runs import AttemptLog, ReaderStats
 from airflow_broker.transaction import Transaction
-
-if TYPE_CHECKING:
-    from airflow_broker.readers.runs import AttemptLog
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +47,6 @@ KEPT_EVENTS = 20
 
 class RollbackBatch(Exception):
     """Raised inside the reader to roll the whole batch back (retry and disable strategies)."""
-
-
-@dataclass
-class ReaderStats:
-    received: int = 0
-    processed: int = 0
-    replied: int = 0
-    quarantined: int = 0
-    retried: int = 0
-    ended: int = 0
-    failed: int = 0
-    batches: int = 0
-
-    def merge(self, other: ReaderStats) -> None:
-        for name, value in asdict(other).items():
-            setattr(self, name, getattr(self, name) + value)
 
 
 @dataclass
@@ -324,8 +304,7 @@ class QueueReader:
     def _quarantine(self, ctx: ReaderContext, message: Message, error: str, tb: str | None,
                     attempts: int, status: str = "quarantined") -> None:
         ctx.tx.scalar(
-            sql.SQL("SELECT {}.quarantine_message(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                    " %s, %s, %s)").format(sql.Identifier(self.broker.schema)),
+            ctx.tx.function("quarantine_message", 13),
             [self.config.queue_name, message.conversation_handle, message.conversation_group_id,
              message.service_name, message.service_contract_name, message.message_type_name,
              message.message_sequence_number, message.message_id, message.message_body, error,
@@ -341,22 +320,14 @@ class QueueReader:
     def _parked_conversations(self, tx: Transaction, handles: set[uuid.UUID]) -> set[uuid.UUID]:
         if not self.poison.parks:
             return set()
-        rows = tx.run(sql.SQL(
-            "SELECT DISTINCT conversation_handle FROM {}.quarantine"
-            " WHERE status = 'retrying' AND conversation_handle = ANY(%s)").format(
-                sql.Identifier(self.broker.schema)), [list(handles)])
+        rows = tx.run(tx.queries["parked_conversations"], [list(handles)])
         return {r[0] for r in rows}
 
     def _retry_parked(self, ctx: ReaderContext, conversation: uuid.UUID) -> bool:
         """The DialogTimer of a conversation with parked messages: try them again, in order.
         True while some still wait for a later retry."""
-        schema = sql.Identifier(self.broker.schema)
-        rows = ctx.tx.run(sql.SQL(
-            "SELECT quarantine_id, message_id, message_type_name, message_sequence_number,"
-            " message_body, attempts, conversation_group_id, service_name,"
-            " service_contract_name FROM {}.quarantine"
-            " WHERE status = 'retrying' AND conversation_handle = %s"
-            " ORDER BY message_sequence_number FOR UPDATE").format(schema), [conversation])
+        queries = ctx.tx.queries
+        rows = ctx.tx.run(queries["parked_messages"], [conversation])
         for (qid, message_id, type_name, seq, body, attempts, group, service,
              contract) in rows:
             message = Message(1, 5, 0, group, conversation, seq, service, 0, contract, 0,
@@ -374,21 +345,18 @@ class QueueReader:
                     action = Action.QUARANTINE
                 self._event(message, attempts, exc, action.value)
                 if action is Action.QUARANTINE:
-                    ctx.tx.run(sql.SQL(
-                        "UPDATE {}.quarantine SET status = 'quarantined', attempts = %s,"
-                        " error = %s, traceback = %s WHERE quarantine_id = %s").format(schema),
-                        [attempts, f"{type(exc).__name__}: {exc}", traceback.format_exc(), qid])
+                    ctx.tx.run(queries["parked_message_quarantined"],
+                               [attempts, f"{type(exc).__name__}: {exc}",
+                                traceback.format_exc(), qid])
                     self.stats.quarantined += 1
                     # What waited behind it is released, in order, for the next timer.
                     continue
-                ctx.tx.run(sql.SQL("UPDATE {}.quarantine SET attempts = %s, error = %s"
-                                   " WHERE quarantine_id = %s").format(schema),
+                ctx.tx.run(queries["parked_message_failed_again"],
                            [attempts, f"{type(exc).__name__}: {exc}", qid])
                 ctx.tx.begin_conversation_timer(conversation, self.config.retry_delay)
                 self.stats.retried += 1
                 return True
-            ctx.tx.run(sql.SQL("DELETE FROM {}.quarantine WHERE quarantine_id = %s").format(
-                schema), [qid])
+            ctx.tx.run(queries["parked_message_done"], [qid])
             self.stats.processed += 1
         return False
 

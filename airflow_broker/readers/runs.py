@@ -12,14 +12,28 @@ import json
 import os
 import socket
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
-
-from airflow_broker.readers.queue_reader import ReaderStats
 
 if TYPE_CHECKING:
     from airflow_broker.broker import Broker
     from airflow_broker.transaction import Transaction
+
+
+@dataclass
+class ReaderStats:
+    received: int = 0
+    processed: int = 0
+    replied: int = 0
+    quarantined: int = 0
+    retried: int = 0
+    ended: int = 0
+    failed: int = 0
+    batches: int = 0
+
+    def merge(self, other: ReaderStats) -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
 
 
 def _call(tx: Transaction, function: str, args: list[Any]) -> Any:

@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
-from psycopg import sql
 
 from airflow_broker.broker import Broker
 from airflow_broker.readers.queue_reader import load_callable
@@ -112,10 +111,8 @@ class ActivationManager:
         try:
             if self._leader is None or self._leader.closed or self._leader.broken:
                 self._leader = psycopg.connect(self.broker.dsn, autocommit=True)
-            row = self._leader.execute(
-                "SELECT pg_try_advisory_lock(hashtext(%s))",
-                [f"airflow_broker:{self.broker.schema}:activation"]).fetchone()
-            # A session lock is re-entrant: the leader keeps getting true.
+            row = self._leader.execute(self.broker.queries["activation_leader"],
+                                       [self.broker.schema]).fetchone()
             return bool(row and row[0])
         except psycopg.OperationalError:
             self._leader = None
@@ -130,14 +127,13 @@ class ActivationManager:
 
     def reap(self, conn: psycopg.Connection[tuple[object, ...]]) -> int:
         """Records readers that have exited; returns how many."""
-        schema = sql.Identifier(self.broker.schema)
         ended = [r for r in self.readers.values() if r.process.poll() is not None]
         for reader in ended:
             code = reader.process.returncode
             outcome = "ended" if code == 0 else ("killed" if code < 0 else "aborted")
-            conn.execute(
-                sql.SQL("SELECT {}.activation_ended(%s, %s, NULL, NULL, %s)").format(schema),
-                [reader.task_id, outcome, None if code == 0 else f"exit code {code}"])
+            conn.execute(self.broker.queries.call("activation_ended", 5),
+                         [reader.task_id, outcome, None, None,
+                          None if code == 0 else f"exit code {code}"])
             del self.readers[reader.task_id]
         return len(ended)
 
@@ -146,19 +142,16 @@ class ActivationManager:
         if not self._is_leader():
             return 0
         started = 0
-        schema = sql.Identifier(self.broker.schema)
+        queries = self.broker.queries
         with self.broker.pool.connection() as conn:
             conn.autocommit = True
             try:
                 self.reap(conn)
-                queues = conn.execute(sql.SQL(
-                    "SELECT queue_id, name, activation_procedure, execute_as, internal_activation"
-                    " FROM {}.monitored_queues ORDER BY queue_id").format(schema)).fetchall()
+                queues = conn.execute(queries["monitored_queues"]).fetchall()
                 for queue_id, name, procedure, execute_as, internal in queues:
                     try:
-                        row = conn.execute(
-                            sql.SQL("SELECT {}.monitor_step(%s, %s)").format(schema),
-                            [queue_id, self.running(queue_id)]).fetchone()
+                        row = conn.execute(queries.call("monitor_step", 2),
+                                           [queue_id, self.running(queue_id)]).fetchone()
                         launch = int(row[0]) if row and internal else 0
                         for _ in range(launch):
                             started += self._start(conn, queue_id, name, procedure, execute_as)
@@ -193,15 +186,15 @@ class ActivationManager:
             # A procedure that cannot or may not start (no such program, an unbalanced quote,
             # not on the list) is this queue's problem: it is logged and recorded, and every
             # other queue goes on.
-            conn.execute(sql.SQL("SELECT {}.activation_started(%s, %s, NULL)").format(
-                sql.Identifier(self.broker.schema)), [task_id, queue_id])
-            conn.execute(sql.SQL("SELECT {}.activation_ended(%s, 'aborted', 0, 0, %s)").format(
-                sql.Identifier(self.broker.schema)), [task_id, f"could not start: {exc}"])
+            queries = self.broker.queries
+            conn.execute(queries.call("activation_started", 3), [task_id, queue_id, None])
+            conn.execute(queries.call("activation_ended", 5),
+                         [task_id, "aborted", 0, 0, f"could not start: {exc}"])
             log.error("activation of queue %s: could not start %r: %s", queue_name, procedure,
                       exc)
             return False
-        conn.execute(sql.SQL("SELECT {}.activation_started(%s, %s, %s)").format(
-            sql.Identifier(self.broker.schema)), [task_id, queue_id, process.pid])
+        conn.execute(self.broker.queries.call("activation_started", 3),
+                     [task_id, queue_id, process.pid])
         self.readers[task_id] = _Reader(task_id, queue_id, process)
         log.info("activation of queue %s: started reader %s (pid %s)", queue_name, task_id,
                  process.pid)
@@ -236,8 +229,7 @@ def run_reader(target: str) -> int:
         try:
             with psycopg.connect(broker.dsn, autocommit=True) as conn:
                 conn.execute(
-                    sql.SQL("SELECT {}.activation_ended(%s, %s, %s, %s, %s)").format(
-                        sql.Identifier(broker.schema)),
+                    broker.queries.call("activation_ended", 5),
                     [task_id, outcome, broker.stats.received, broker.stats.rollbacks, error])
         finally:
             broker.close()

@@ -74,18 +74,14 @@ class BrokerWorker:
                            if activation else None)
         self.transport = Transport(broker, batch_size=batch_size) if transport else None
         self._stop = threading.Event()
-        self._calls = {
-            step: sql.SQL("SELECT {}.{}(%s)").format(sql.Identifier(broker.schema),
-                                                     sql.Identifier(step))
-            for step in STEPS
-        }
 
     def _step(self, step: str) -> int:
         """One step until it has nothing left, one batch per transaction."""
         done = 0
         while not self._stop.is_set():
             with self.broker.pool.connection() as conn, conn.transaction():
-                row = conn.execute(self._calls[step], [self.batch_size]).fetchone()
+                row = conn.execute(self.broker.queries.call(step, 1),
+                                   [self.batch_size]).fetchone()
             count = int(row[0]) if row else 0
             done += count
             if count < self.batch_size:
@@ -94,8 +90,7 @@ class BrokerWorker:
 
     def _resolve_receives(self) -> int:
         with self.broker.pool.connection() as conn, conn.transaction():
-            row = conn.execute(sql.SQL("SELECT {}.resolve_receives()").format(
-                sql.Identifier(self.broker.schema))).fetchone()
+            row = conn.execute(self.broker.queries["resolve_all_receives"]).fetchone()
         return int(row[0]) if row else 0
 
     def _transmit(self) -> int:

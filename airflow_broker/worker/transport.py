@@ -21,18 +21,17 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
 from airflow_broker.errors import AddressError, BrokerError
+from airflow_broker.queries import DEFAULT_SCHEMA, Queries
 from airflow_broker.redaction import redact
 from airflow_broker.validation import MessageTypeInfo, verdict
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCHEMA = "broker"
 UNREACHABLE = "The target service broker is unreachable: {}"
 REFUSED = "The target service broker failed the transmission: {}"
 # Reading an Airflow connection needs Airflow, which the engine never imports: the Airflow
@@ -124,13 +123,9 @@ class Transport:
         # every batch (a metadata database query, or a call to a paid secrets service).
         self._far: dict[str, tuple[FarBroker, psycopg.Connection[TupleRow]]] = {}
         self._lock = threading.Lock()
-        s = sql.Identifier(broker.schema)
-        self._outbound = sql.SQL("SELECT * FROM {}.outbound_transmissions(%s)").format(s)
-        self._identity = sql.SQL("SELECT service_broker_guid::text FROM {}.broker_identity"
-                                 ).format(s)
-        self._apply = sql.SQL(
-            "SELECT {}.apply_transmission_outcomes(%s::bigint[], %s::text[], %s::integer[],"
-            " %s::text[], %s::text[], %s::boolean[], %s::text)").format(s)
+        self._outbound = broker.queries["outbound_transmissions"]
+        self._identity = broker.queries["broker_instance_text"]
+        self._apply = broker.queries["apply_transmission_outcomes"]
 
     def step(self) -> StepResult:
         """One batch: send what is due and apply the answers. Returns what happened."""
@@ -201,7 +196,7 @@ class Transport:
             far.dsn, autocommit=True, connect_timeout=self.connect_timeout,
             application_name=f"{self.broker.application_name}-transport")
         # A far server that hangs must not hold this broker's conversations for ever.
-        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+        conn.execute(self.broker.queries["statement_timeout"],
                      [f"{int(self.statement_timeout * 1000)}ms"])
         self._far[address] = (far, conn)
         return far, conn
@@ -221,18 +216,14 @@ class Transport:
 
     def _accept(self, conn: psycopg.Connection[TupleRow], schema: str, me: str,
                 batch: Sequence[TupleRow]) -> tuple[list[Outcome], str]:
-        s = sql.Identifier(schema)
+        queries = Queries(schema)
         (_tid, _handle, _address, conversation_ids, sender_is_initiator, from_services,
          to_services, to_instances, contracts, lifetimes, flags, seqs, types,
          bodies) = (list(column) for column in zip(*batch, strict=True))
-        checked_as, problems = self._verdicts(conn, s, types, bodies)
+        checked_as, problems = self._verdicts(conn, queries, types, bodies)
         with conn.transaction():
             rows = conn.execute(
-                sql.SQL(
-                    "SELECT * FROM {}.accept_transmissions(%s, %s::uuid[], %s::boolean[],"
-                    " %s::text[], %s::text[], %s::text[], %s::text[], %s::interval[],"
-                    " %s::boolean[], %s::bigint[], %s::text[], %b::bytea[], %s::text[],"
-                    " %s::text[])").format(s),
+                queries["accept_transmissions"],
                 [me, conversation_ids, sender_is_initiator, from_services, to_services,
                  to_instances, contracts, lifetimes, flags, seqs, types,
                  [bytes(b) if b is not None else None for b in bodies], checked_as, problems],
@@ -242,7 +233,7 @@ class Transport:
         far_guid = str(rows[0][5]) if rows else ""
         return [Outcome(r[0], r[1], r[2], r[3], bool(r[4])) for r in rows], far_guid
 
-    def _verdicts(self, conn: psycopg.Connection[TupleRow], s: sql.Identifier,
+    def _verdicts(self, conn: psycopg.Connection[TupleRow], queries: Queries,
                   types: list[Any], bodies: list[Any]) -> tuple[list[str | None],
                                                                 list[str | None]]:
         """XML checks as the far broker's message types define them (lxml, here)."""
@@ -250,11 +241,7 @@ class Transport:
         names = sorted({t for t in types if t is not None})
         with conn.transaction():
             for name, kind, collection, schemas in conn.execute(
-                    sql.SQL("SELECT t.name, t.validation_kind, t.xml_collection_id, c.schemas"
-                            " FROM {s}.message_types t"
-                            " LEFT JOIN {s}.xml_schema_collections c USING (xml_collection_id)"
-                            " WHERE t.name = ANY(%s) AND t.validation_kind LIKE '%%XML'"
-                            ).format(s=s), [names]):
+                    queries["xml_message_types"], [names]):
                 infos[name] = MessageTypeInfo(name, kind, collection, tuple(schemas or ()))
         checked: list[str | None] = []
         problems: list[str | None] = []

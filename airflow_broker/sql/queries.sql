@@ -1,0 +1,165 @@
+-- The SQL that Python runs besides calls of the broker's functions, by name
+-- (airflow_broker.queries). {schema} is the broker's schema, quoted; %s a parameter. Comments
+-- are left out of the text sent.
+
+-- receive --
+-- RECEIVE, with what poison detection needs in the same round trip: the receiving
+-- transaction's id and the queue's.
+SELECT r.*, pg_current_xact_id_if_assigned()::text, q.object_id,
+       q.is_poison_message_handling_enabled
+FROM {schema}.receive(%s::text, %s::bigint, %s::uuid, %s::uuid) r,
+     {schema}.find_queue(%s::text) q
+
+-- register_receive --
+-- Poison detection's record of a receiving transaction, on the side connection. Filled in
+-- with Python's bytes formatting (integers and UUIDs only): queue id, xid, message ids,
+-- backend pid.
+SELECT {schema}.register_receive(%d, '%d'::xid8, '{%s}'::uuid[], %d)
+
+-- resolve_receives --
+-- Counts a rolled-back receive of a queue at once (bytes formatting: the queue id).
+SELECT {schema}.resolve_receives(%d)
+
+-- message_type_validation --
+SELECT t.validation_kind, t.xml_collection_id, c.schemas
+FROM {schema}.message_types t
+LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)
+WHERE t.name = %s
+
+-- queue_id --
+SELECT object_id FROM {schema}.find_queue(%s)
+
+-- utc_now --
+SELECT {schema}.utc_now()
+
+-- advance_clock --
+SELECT {schema}.advance_clock(%s)
+
+-- broker_instance --
+SELECT service_broker_guid FROM {schema}.broker_identity
+
+-- Poison strategies' parked messages (airflow_broker.readers.queue_reader)
+
+-- parked_conversations --
+SELECT DISTINCT conversation_handle FROM {schema}.quarantine
+WHERE status = 'retrying' AND conversation_handle = ANY(%s)
+
+-- parked_messages --
+-- A conversation's parked messages, in order, locked while they are retried.
+SELECT quarantine_id, message_id, message_type_name, message_sequence_number, message_body,
+       attempts, conversation_group_id, service_name, service_contract_name
+FROM {schema}.quarantine
+WHERE status = 'retrying' AND conversation_handle = %s
+ORDER BY message_sequence_number FOR UPDATE
+
+-- parked_message_quarantined --
+UPDATE {schema}.quarantine SET status = 'quarantined', attempts = %s, error = %s, traceback = %s
+WHERE quarantine_id = %s
+
+-- parked_message_failed_again --
+UPDATE {schema}.quarantine SET attempts = %s, error = %s WHERE quarantine_id = %s
+
+-- parked_message_done --
+DELETE FROM {schema}.quarantine WHERE quarantine_id = %s
+
+-- Quarantine (airflow_broker.poison.quarantine)
+
+-- quarantined_messages --
+SELECT quarantine_id, queue_name, status, quarantined_at, attempts, conversation_handle,
+       message_type_name, message_sequence_number, message_id, message_body, error
+FROM {schema}.quarantined_messages
+WHERE (%s::text IS NULL OR queue_name = %s)
+  AND (%s OR status IN ('quarantined', 'retrying'))
+ORDER BY quarantined_at, quarantine_id
+
+-- WAITFOR's waiters, for the engine's wake-ups and the Airflow triggers alike
+-- (airflow_broker.waitfor, airflow_broker.triggers)
+
+-- waiters_clear_stale --
+-- Rows of waiters whose session is gone would only cause needless NOTIFYs.
+DELETE FROM {schema}.queue_waiters
+WHERE queue_id = %s AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity)
+
+-- waiter_register --
+INSERT INTO {schema}.queue_waiters (waiter_id, queue_id, backend_pid, since)
+VALUES (%s, %s, pg_backend_pid(), {schema}.utc_now()) ON CONFLICT DO NOTHING
+
+-- waiters_remove --
+DELETE FROM {schema}.queue_waiters WHERE waiter_id = ANY(%s)
+
+-- Activation (airflow_broker.worker.activation)
+
+-- activation_leader --
+-- One worker drives the queue monitors; a session lock is re-entrant, so the leader keeps
+-- getting true.
+SELECT pg_try_advisory_lock(hashtext('airflow_broker:' || %s || ':activation'))
+
+-- monitored_queues --
+SELECT queue_id, name, activation_procedure, execute_as, internal_activation
+FROM {schema}.monitored_queues ORDER BY queue_id
+
+-- The broker worker and the transport (airflow_broker.worker)
+
+-- resolve_all_receives --
+SELECT {schema}.resolve_receives()
+
+-- broker_instance_text --
+SELECT service_broker_guid::text FROM {schema}.broker_identity
+
+-- outbound_transmissions --
+SELECT * FROM {schema}.outbound_transmissions(%s)
+
+-- apply_transmission_outcomes --
+SELECT {schema}.apply_transmission_outcomes(%s::bigint[], %s::text[], %s::integer[],
+    %s::text[], %s::text[], %s::boolean[], %s::text)
+
+-- accept_transmissions --
+-- On the far broker, in its own transaction; bodies go in binary (%b).
+SELECT * FROM {schema}.accept_transmissions(%s, %s::uuid[], %s::boolean[], %s::text[],
+    %s::text[], %s::text[], %s::text[], %s::interval[], %s::boolean[], %s::bigint[],
+    %s::text[], %b::bytea[], %s::text[], %s::text[])
+
+-- xml_message_types --
+-- The far broker's XML message types among those of a batch: the transport checks bodies as
+-- they define them.
+SELECT t.name, t.validation_kind, t.xml_collection_id, c.schemas
+FROM {schema}.message_types t
+LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)
+WHERE t.name = ANY(%s) AND t.validation_kind LIKE '%%XML'
+
+-- statement_timeout --
+SELECT set_config('statement_timeout', %s, false)
+
+-- The installer (airflow_broker.migrations)
+
+-- install_lock --
+-- Concurrent installs of the same schema wait for each other instead of colliding.
+SELECT pg_advisory_lock(hashtext('airflow_broker:' || %s))
+
+-- install_unlock --
+SELECT pg_advisory_unlock(hashtext('airflow_broker:' || %s))
+
+-- create_schema --
+CREATE SCHEMA IF NOT EXISTS {schema}
+
+-- create_schema_migrations --
+CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+    name text PRIMARY KEY,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- applied_files --
+SELECT name, checksum FROM {schema}.schema_migrations
+
+-- set_search_path --
+-- Unqualified names in the files resolve to the broker schema, and functions capture this
+-- search_path (SET search_path FROM CURRENT), so the schema name stays configurable.
+SET LOCAL search_path TO {schema}
+
+-- record_applied_file --
+INSERT INTO {schema}.schema_migrations (name, checksum) VALUES (%s, %s)
+ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()
+
+-- schema_migrations_exists --
+SELECT to_regclass(%s) IS NOT NULL
