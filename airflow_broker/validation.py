@@ -10,12 +10,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from airflow_broker.errors import MessageTooLarge
-from airflow_broker.messages import MAX_MESSAGE_SIZE, decode_body
-
-# Bodies: no entity is expanded and nothing is loaded from outside. huge_tree lifts libxml2's
-# 10 MB limit on a single text node, which refused valid bodies as -9615: the size of a body
-# is bounded by the message size, not by the parser.
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=True)
+from airflow_broker.messages import MAX_MESSAGE_SIZE, decode_body, parse_xml
 
 
 class _RefuseExternal(etree.Resolver):
@@ -53,7 +48,7 @@ class MessageTypeInfo:
 def well_formed_error(body: bytes) -> str | None:
     """None when the body is an XML document or fragment, else the parser's complaint."""
     try:
-        etree.fromstring(body, parser=_PARSER)
+        parse_xml(body)
         return None
     except etree.XMLSyntaxError as document_error:
         try:
@@ -64,7 +59,7 @@ def well_formed_error(body: bytes) -> str | None:
             return str(document_error)
         try:
             # A fragment (several top-level elements, or text) is acceptable too.
-            etree.fromstring(f"<fragment>{text}</fragment>".encode(), parser=_PARSER)
+            parse_xml(f"<fragment>{text}</fragment>".encode())
             return None
         except etree.XMLSyntaxError:
             return str(document_error)
@@ -92,7 +87,7 @@ def schema_error(body: bytes, schemas: Sequence[str]) -> str | None:
     problem = well_formed_error(body)
     if problem is not None:
         return problem
-    document = etree.fromstring(body, parser=_PARSER)
+    document = parse_xml(body)
     reasons = []
     for xsd in schemas:
         try:

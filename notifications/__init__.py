@@ -1,5 +1,5 @@
 """Airflow notifiers of airflow-broker, installed as ``airflow_broker.notifications``."""
 
-from .broker import QueueDisabledNotifier
+from airflow_broker.notifications.broker import QueueDisabledNotifier
 
 __all__ = ["QueueDisabledNotifier"]

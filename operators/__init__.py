@@ -1,16 +1,16 @@
 """Airflow operators of airflow-broker, installed as ``airflow_broker.operators``."""
 
-from .broker import (
+from airflow_broker.operators.broker import (
     AckMessagesOperator,
     BeginConversationTimerOperator,
     BeginDialogOperator,
-    BrokerSetupOperator,
     EnableQueueOperator,
     EndConversationOperator,
     ReceiveMessagesOperator,
     SendMessageOperator,
 )
-from .spark import ActivatedReaderOperator, QuarantineOperator
+from airflow_broker.operators.setup import BrokerSetupOperator
+from airflow_broker.operators.spark import ActivatedReaderOperator, QuarantineOperator
 
 __all__ = [
     "AckMessagesOperator",

@@ -7,156 +7,42 @@ Conversation handles travel through XCom as strings. Every operator takes ``brok
 
 from __future__ import annotations
 
-import base64
-import json
-import pkgutil
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.exceptions import AirflowProviderDeprecationWarning
-from airflow.sdk import BaseOperator
 from lxml import etree
 
 from airflow_broker import Message, Transaction
 from airflow_broker.admin.enable_queue import enable_queue
+from airflow_broker.callables import load_callable
 from airflow_broker.dialogs import MAX_LIFETIME
-from airflow_broker.hooks.broker import BrokerHook, message_to_dict, task_consumer
-from airflow_broker.operators.setup import apply_spec
+from airflow_broker.hooks.broker import message_to_dict, task_consumer
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+from airflow_broker.operators._base import (
+    BODY_FORMATS,
+    BrokerBaseOperator,
+    BrokerDeprecationWarning,
+    FireAndForgetWarning,
+    encode_body,
+    renamed,
+    to_handle,
+    to_handles,
+)
+from airflow_broker.operators.setup import BrokerSetupOperator
 
-BODY_FORMATS = ("auto", "text", "json", "xml", "bytes")
+__all__ = [
+    "BODY_FORMATS", "AckMessagesOperator", "BeginConversationTimerOperator",
+    "BeginDialogOperator", "BrokerBaseOperator", "BrokerDeprecationWarning",
+    "BrokerSetupOperator", "EnableQueueOperator", "EndConversationOperator",
+    "FireAndForgetWarning", "ReceiveMessagesOperator", "SendMessageOperator", "encode_body",
+    "to_handle", "to_handles",
+]
 
 ReceiveCallback = Callable[[list[Message], Transaction, "Context"], Any]
-
-
-class FireAndForgetWarning(UserWarning):
-    """A dialog begun, sent on and ended by the initiator in one transaction."""
-
-
-class BrokerDeprecationWarning(AirflowProviderDeprecationWarning):
-    """A parameter of airflow-broker that has a new name; the old one still works, for now."""
-
-    deprecated_provider_since = "0.1.0"
-
-
-def _renamed(old_name: str, old_value: Any, new_name: str, new_value: Any) -> Any:
-    """``new_value``, or ``old_value`` given under the parameter's deprecated name."""
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise ValueError(f"{old_name} is the deprecated name of {new_name}: give only {new_name}")
-    warnings.warn(f"{old_name} is deprecated: use {new_name}, as the engine does",
-                  BrokerDeprecationWarning, stacklevel=3)
-    return old_value
-
-
-def to_handle(value: Any) -> uuid.UUID:
-    """A conversation handle from a UUID, its string, or a dict that carries one."""
-    if isinstance(value, uuid.UUID):
-        return value
-    if isinstance(value, Mapping):
-        value = value.get("conversation_handle")
-    if value is None or str(value).strip() in ("", "None"):
-        raise ValueError("no conversation handle given")
-    return uuid.UUID(str(value).strip())
-
-
-def to_handles(value: Any) -> list[uuid.UUID]:
-    """Handles from one handle or a list of them (a list rendered as text is accepted)."""
-    if isinstance(value, str) and value.strip().startswith("["):
-        value = json.loads(value.replace("'", '"'))
-    if isinstance(value, list | tuple | set):
-        return [to_handle(v) for v in value]
-    return [to_handle(value)]
-
-
-def encode_body(body: Any, body_format: str = "auto") -> bytes | None:
-    """A message body as bytes. ``auto``: bytes as they are, str as UTF-8 text, an lxml
-    element as XML, anything else as JSON. ``json`` and ``xml`` check str bodies (JSON text,
-    well-formed XML); ``bytes`` takes str as base64."""
-    if body_format not in BODY_FORMATS:
-        raise ValueError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
-    if body is None:
-        return None
-    if isinstance(body, etree._Element):
-        if body_format not in ("auto", "xml"):
-            raise ValueError(f"an XML element cannot be sent as {body_format}")
-        return etree.tostring(body, encoding="utf-8")
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    if body_format == "bytes":
-        return base64.b64decode(str(body), validate=True)
-    if body_format == "json":
-        if isinstance(body, str):
-            json.loads(body)
-            return body.encode("utf-8")
-        return json.dumps(body).encode("utf-8")
-    if body_format == "xml":
-        text = str(body)
-        etree.fromstring(text.encode("utf-8"),
-                         parser=etree.XMLParser(resolve_entities=False, no_network=True))
-        return text.encode("utf-8")
-    if body_format == "text" or isinstance(body, str):
-        return str(body).encode("utf-8")
-    return json.dumps(body).encode("utf-8")
-
-
-def load_callable(target: Callable[..., Any] | str) -> Callable[..., Any]:
-    """A callable, or one named ``package.module:function`` / ``package.module.function``."""
-    if callable(target):
-        return target
-    obj: Any = pkgutil.resolve_name(str(target))
-    if not callable(obj):
-        raise TypeError(f"{target!r} is not callable")
-    result: Callable[..., Any] = obj
-    return result
-
-
-class BrokerBaseOperator(BaseOperator):
-    """Holds the connection id and hands out a hook that is closed when ``execute`` ends."""
-
-    def __init__(self, *, broker_conn_id: str = BrokerHook.default_conn_name,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.broker_conn_id = broker_conn_id
-
-    @contextmanager
-    def hook(self) -> Iterator[BrokerHook]:
-        hook = BrokerHook(self.broker_conn_id)
-        try:
-            yield hook
-        finally:
-            hook.close()
-
-
-class BrokerSetupOperator(BrokerBaseOperator):
-    """Creates or updates message types, XML schema collections, contracts, queues, services
-    and event notifications from a dict, YAML text or a ``.yaml`` file (rendered as a template,
-    found like any template file), idempotently and in one transaction.
-
-    Returns ``{"created": [...], "altered": [...], "unchanged": [...]}``.
-    """
-
-    template_fields: Sequence[str] = ("spec", "broker_conn_id")
-    template_ext: Sequence[str] = (".yaml", ".yml")
-
-    def __init__(self, *, spec: Mapping[str, Any] | str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.spec = spec
-
-    def execute(self, context: Context) -> dict[str, list[str]]:
-        with self.hook() as hook, hook.transaction() as tx:
-            report = apply_spec(tx, self.spec)
-        for kind in ("created", "altered"):
-            for label in getattr(report, kind):
-                self.log.info("%s %s", kind, label)
-        self.log.info("%d object(s) unchanged", len(report.unchanged))
-        return report.as_dict()
 
 
 class BeginDialogOperator(BrokerBaseOperator):
@@ -312,8 +198,8 @@ class EndConversationOperator(BrokerBaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        error = _renamed("error_code", error_code, "error", error)
-        description = _renamed("error_description", error_description, "description",
+        error = renamed("error_code", error_code, "error", error)
+        description = renamed("error_description", error_description, "description",
                                description)
         if cleanup and (error is not None or description is not None):
             raise ValueError("WITH CLEANUP and WITH ERROR exclude each other")
@@ -398,7 +284,7 @@ class ReceiveMessagesOperator(BrokerBaseOperator):
         self.max_batches = max_batches
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
-        callback = load_callable(self.callback)
+        callback = load_callable(self.callback, "callback")
         handle = to_handle(self.conversation_handle) if self.conversation_handle else None
         group = uuid.UUID(str(self.conversation_group_id)) if self.conversation_group_id \
             else None

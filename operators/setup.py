@@ -1,5 +1,6 @@
 """Declarative broker setup: message types, XML schema collections, contracts, queues,
-services, event notifications and routes from a dict or YAML, applied idempotently.
+services, event notifications and routes from a dict or YAML, applied idempotently
+(``apply_spec``, and BrokerSetupOperator, which runs it in a task).
 
 Objects that exist and match are left alone; queues, services, message types and routes that
 differ are altered; event notifications are dropped and created again. Contracts and XML schema
@@ -30,15 +31,19 @@ Each section may also be a mapping from name to settings.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from psycopg import sql
 
 from airflow_broker import Transaction
 from airflow_broker.errors import BrokerError, InvalidSpec
+from airflow_broker.operators._base import BrokerBaseOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 SECTIONS = ("xml_schema_collections", "message_types", "contracts", "queues", "services",
             "event_notifications", "routes")
@@ -325,3 +330,28 @@ def apply_spec(tx: Transaction, spec: Mapping[str, Any] | str | None) -> SetupRe
 
 
 __all__ = ["BrokerError", "SetupReport", "SpecError", "apply_spec", "load_spec"]
+
+
+class BrokerSetupOperator(BrokerBaseOperator):
+    """Creates or updates message types, XML schema collections, contracts, queues, services
+    and event notifications from a dict, YAML text or a ``.yaml`` file (rendered as a template,
+    found like any template file), idempotently and in one transaction.
+
+    Returns ``{"created": [...], "altered": [...], "unchanged": [...]}``.
+    """
+
+    template_fields: Sequence[str] = ("spec", "broker_conn_id")
+    template_ext: Sequence[str] = (".yaml", ".yml")
+
+    def __init__(self, *, spec: Mapping[str, Any] | str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
+    def execute(self, context: Context) -> dict[str, list[str]]:
+        with self.hook() as hook, hook.transaction() as tx:
+            report = apply_spec(tx, self.spec)
+        for kind in ("created", "altered"):
+            for label in getattr(report, kind):
+                self.log.info("%s %s", kind, label)
+        self.log.info("%d object(s) unchanged", len(report.unchanged))
+        return report.as_dict()

@@ -1,5 +1,6 @@
 """Airflow sensors of airflow-broker, installed as ``airflow_broker.sensors``."""
 
-from .broker import QueueDisabledSensor, WaitForReceiveSensor
+from airflow_broker.sensors.broker import WaitForReceiveSensor
+from airflow_broker.sensors.queue_disabled import QueueDisabledSensor
 
 __all__ = ["QueueDisabledSensor", "WaitForReceiveSensor"]

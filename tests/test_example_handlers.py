@@ -45,7 +45,7 @@ class RefuseAirflow:
         return None
 
 sys.meta_path.insert(0, RefuseAirflow())
-from airflow_broker.readers.queue_reader import load_callable
+from airflow_broker.callables import load_callable
 
 for name in sys.argv[1:]:
     load_callable(name)

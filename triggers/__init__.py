@@ -1,5 +1,6 @@
 """Airflow triggers of airflow-broker, installed as ``airflow_broker.triggers``."""
 
-from .broker import BrokerMessageTrigger, QueueDisabledTrigger, WaitForReceiveTrigger
+from airflow_broker.triggers.broker import QueueDisabledTrigger, WaitForReceiveTrigger
+from airflow_broker.triggers.stream import BrokerMessageTrigger
 
 __all__ = ["BrokerMessageTrigger", "QueueDisabledTrigger", "WaitForReceiveTrigger"]

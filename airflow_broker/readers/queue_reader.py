@@ -22,7 +22,6 @@ them, and otherwise go to the handler.
 from __future__ import annotations
 
 import logging
-import pkgutil
 import time
 import traceback
 import uuid
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from airflow_broker.broker import Broker
+from airflow_broker.callables import load_callable
 from airflow_broker.dialogs import Body
 from airflow_broker.errors import QueueDisabledError
 from airflow_broker.messages import Message
@@ -96,18 +96,6 @@ class ReaderContext:
         self.tx.end_conversation(conversation_handle, error=error, description=description)
         self.ended.add(conversation_handle)
         self.stats.ended += 1
-
-
-def load_callable(path: str, what: str = "handler") -> Callable[..., Any]:
-    """The callable named ``package.module:function`` (``what`` names it in errors)."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{what} {path!r} is not of the form package.module:function")
-    obj = pkgutil.resolve_name(path)
-    if not callable(obj):
-        raise TypeError(f"{what} {path!r} is not callable")
-    result: Callable[..., Any] = obj
-    return result
 
 
 def messages_frame(messages: Sequence[Message]) -> Any:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import platformdirs
 
+from airflow_broker.callables import split_name
+
 log = logging.getLogger(__name__)
 
 ARCHIVE_ALIAS = "environment"
@@ -190,10 +192,8 @@ def handler_py_files(handler: str) -> list[str]:
     """The files that carry the handler's code to the executors: its module when it is a
     top-level module, else its top-level package zipped. Nothing for the project's own
     handlers, which travel in the packed environment."""
-    module = handler.partition(":")[0]
+    module, _ = split_name(handler)
     top = module.split(".")[0]
-    if not top:
-        raise ValueError(f"handler {handler!r} is not of the form package.module:function")
     if top == "airflow_broker":
         return []
     spec = importlib.util.find_spec(top)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from airflow_broker.broker import Broker
-from airflow_broker.readers.queue_reader import load_callable
+from airflow_broker.callables import load_callable
 
 log = logging.getLogger(__name__)
 
