@@ -1,5 +1,5 @@
 """Named queries: the SQL that Python runs besides calls of the broker's functions, kept in
-``sql/queries.sql`` as blocks headed ``-- name --``, and rendered once per schema.
+``sql/queries/*.sql`` as blocks headed ``-- name --``, and rendered once per schema.
 
 Calls of the broker's functions (one per Service Broker statement) are rendered by
 :meth:`Queries.call`, so their text stays identical and psycopg prepares it after a few calls.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from psycopg import sql
 
-QUERIES_FILE = Path(__file__).parent / "sql" / "queries.sql"
+QUERIES_DIR = Path(__file__).parent / "sql" / "queries"
 DEFAULT_SCHEMA = "broker"
 _HEADER = re.compile(r"^-- (\w+) --$", re.M)
 
@@ -23,14 +23,14 @@ _HEADER = re.compile(r"^-- (\w+) --$", re.M)
 def query_texts() -> dict[str, str]:
     """Every named query, its comment lines left out (a ``%`` in a comment would be taken for
     a parameter), ``{schema}`` where the broker's schema goes."""
-    text = QUERIES_FILE.read_text()
-    parts = _HEADER.split(text)
     texts: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in texts:
-            raise ValueError(f"{QUERIES_FILE.name}: query {name!r} is there twice")
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        texts[name] = "\n".join(lines).strip().rstrip(";")
+    for path in sorted(QUERIES_DIR.glob("*.sql")):
+        parts = _HEADER.split(path.read_text())
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in texts:
+                raise ValueError(f"{path.name}: query {name!r} is named twice")
+            lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+            texts[name] = "\n".join(lines).strip().rstrip(";")
     return texts
 
 

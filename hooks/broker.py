@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from airflow.sdk import BaseHook
-from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from airflow_broker import Broker, Message, Transaction, decode_body
@@ -289,15 +288,11 @@ class BrokerHook(BaseHook):
     # The Airflow inbox (broker.airflow_inbox): messages received for a consumer and kept
     # until the consumer has used them.
 
-    def _call(self, name: str) -> sql.Composable:
-        return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(name))
-
     def claimed(self, consumer: str) -> list[dict[str, Any]]:
         """What ``consumer`` holds in the inbox, oldest first."""
-        query = sql.SQL("SELECT {} FROM {}(%s)").format(
-            sql.SQL(", ").join(map(sql.Identifier, INBOX_COLUMNS)), self._call("airflow_claimed"))
-        with self.get_broker().pool.connection() as conn:
-            rows = conn.execute(query, [consumer]).fetchall()
+        broker = self.get_broker()
+        with broker.pool.connection() as conn:
+            rows = conn.execute(broker.queries["inbox_claimed"], [consumer]).fetchall()
         return [inbox_row_to_dict(row) for row in rows]
 
     def claim(
@@ -314,16 +309,12 @@ class BrokerHook(BaseHook):
     ) -> list[dict[str, Any]]:
         """RECEIVE into the inbox for ``consumer``, in one transaction: the messages leave the
         queue only when they are safely in the inbox."""
-        query = sql.SQL(
-            "SELECT {} FROM {}(%s, %s, %s, %s::uuid, %s::uuid, %s::text[], false, %s, %s)"
-        ).format(sql.SQL(", ").join(map(sql.Identifier, INBOX_COLUMNS)),
-                 self._call("airflow_claim"))
         params = [consumer, queue_name, top,
                   None if conversation_handle is None else str(conversation_handle),
                   None if conversation_group_id is None else str(conversation_group_id),
                   list(message_type_names) if message_type_names else None, dag_id, run_id]
         with self.transaction() as tx:
-            rows = tx.run(query, params)
+            rows = tx.run(tx.queries["inbox_claim"], params)
         return [inbox_row_to_dict(row) for row in rows]
 
     def peek(
@@ -336,20 +327,17 @@ class BrokerHook(BaseHook):
         message_type_names: Sequence[str] | None = None,
     ) -> list[Message]:
         """Messages RECEIVE could take now, left where they are."""
-        query = sql.SQL("SELECT * FROM {}(%s, %s, %s::uuid, %s::uuid, %s::text[])").format(
-            self._call("airflow_peek"))
         params = [queue_name, limit,
                   None if conversation_handle is None else str(conversation_handle),
                   None if conversation_group_id is None else str(conversation_group_id),
                   list(message_type_names) if message_type_names else None]
         with self.transaction() as tx:
-            return [Message(*row) for row in tx.run(query, params)]
+            return [Message(*row) for row in tx.run(tx.queries["peek"], params)]
 
     def queue_state(self, queue_name: str) -> dict[str, Any]:
         """Whether the queue is enabled, and why not (``disabled_reason``: ADMIN or POISON)."""
-        query = sql.SQL("SELECT * FROM {}(%s)").format(self._call("airflow_queue_state"))
         with self.transaction() as tx:
-            cursor = tx.conn.execute(query, [queue_name])
+            cursor = tx.conn.execute(tx.queries["airflow_queue_state"], [queue_name])
             names = [d.name for d in cursor.description or ()]
             row = cursor.fetchone()
         return dict(zip(names, row or (), strict=False))
@@ -363,17 +351,15 @@ class BrokerHook(BaseHook):
                 by_consumer.setdefault(str(payload["consumer"]), []).append(
                     int(payload["inbox_id"]))
         removed = 0
-        query = sql.SQL("SELECT {}(%s, %s::bigint[])").format(self._call("airflow_ack"))
         with self.transaction() as tx:
             for consumer, ids in by_consumer.items():
-                removed += int(tx.scalar(query, [consumer, ids]) or 0)
+                removed += int(tx.scalar(tx.queries["inbox_ack"], [consumer, ids]) or 0)
         return removed
 
     def ack_consumer(self, consumer: str) -> int:
         """Removes everything ``consumer`` holds."""
-        query = sql.SQL("SELECT {}(%s, NULL)").format(self._call("airflow_ack"))
         with self.transaction() as tx:
-            return int(tx.scalar(query, [consumer]) or 0)
+            return int(tx.scalar(tx.queries["inbox_ack_consumer"], [consumer]) or 0)
 
     @contextmanager
     def consume(self, items: Iterable[Any]) -> Iterator[tuple[Transaction, list[Message]]]:
@@ -393,13 +379,11 @@ class BrokerHook(BaseHook):
             if payload.get("inbox_id") is not None and payload.get("consumer"):
                 payloads.setdefault((str(payload["consumer"]), int(payload["inbox_id"])),
                                     payload)
-        query = sql.SQL("SELECT * FROM {}(%s::text[], %s::bigint[])").format(
-            self._call("airflow_consume"))
         with self.transaction() as tx:
             consumed: set[int] = set()
             if payloads:
                 keys = sorted(payloads, key=lambda key: key[1])
-                rows = tx.run(query, [[consumer for consumer, _ in keys],
+                rows = tx.run(tx.queries["inbox_consume"], [[consumer for consumer, _ in keys],
                                       [inbox_id for _, inbox_id in keys]])
                 consumed = {int(row[0]) for row in rows}
             skipped = len(payloads) - len(consumed)

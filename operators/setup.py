@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from psycopg import sql
 
 from airflow_broker import Transaction
 from airflow_broker.errors import BrokerError, InvalidSpec
@@ -100,42 +99,33 @@ class _Catalog:
 
     def __init__(self, tx: Transaction) -> None:
         self.tx = tx
-        self.schema = sql.Identifier(tx.schema)
+
 
     def rows(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.tx.run(sql.SQL(query).format(schema=self.schema), params or [])
+        return self.tx.run(self.tx.queries[query], params or [])
 
     def xml_collection(self, name: str) -> list[str] | None:
-        rows = self.rows("SELECT schemas FROM {schema}.xml_schema_collections WHERE name = %s",
+        rows = self.rows("spec_xml_collection",
                          [name])
         return list(rows[0][0]) if rows else None
 
     def message_type(self, name: str) -> tuple[str, str | None] | None:
         rows = self.rows(
-            "SELECT t.validation_kind, c.name FROM {schema}.message_types t"
-            " LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)"
-            " WHERE t.name = %s", [name])
+            "spec_message_type", [name])
         return (rows[0][0], rows[0][1]) if rows else None
 
     def contract(self, name: str) -> dict[str, str] | None:
-        found = self.rows("SELECT service_contract_id FROM {schema}.contracts WHERE name = %s",
+        found = self.rows("spec_contract",
                           [name])
         if not found:
             return None
         usages = self.rows(
-            "SELECT t.name, u.is_sent_by_initiator, u.is_sent_by_target"
-            " FROM {schema}.contract_message_usages u"
-            " JOIN {schema}.message_types t USING (message_type_id)"
-            " WHERE u.service_contract_id = %s", [found[0][0]])
+            "spec_contract_usages", [found[0][0]])
         return {t: ("ANY" if i and g else "INITIATOR" if i else "TARGET") for t, i, g in usages}
 
     def queue(self, name: str) -> dict[str, Any] | None:
         rows = self.rows(
-            "SELECT is_receive_enabled, is_retention_enabled, is_activation_enabled,"
-            " activation_procedure, max_readers, execute_as,"
-            " is_poison_message_handling_enabled, poison_threshold, activation_min_readers,"
-            " activation_ramp_interval, schema_name"
-            " FROM {schema}.queues WHERE name = %s OR schema_name || '.' || name = %s",
+            "spec_queue",
             [name, name])
         if not rows:
             return None
@@ -146,31 +136,25 @@ class _Catalog:
         return dict(zip(keys, rows[0], strict=True))
 
     def queue_id(self, name: str) -> int | None:
-        rows = self.rows("SELECT object_id FROM {schema}.find_queue(%s)", [name])
+        rows = self.rows("spec_queue_id", [name])
         return rows[0][0] if rows else None
 
     def service(self, name: str) -> tuple[int, set[str]] | None:
-        rows = self.rows("SELECT service_id, service_queue_id FROM {schema}.service_defs"
-                         " WHERE name = %s", [name])
+        rows = self.rows("spec_service", [name])
         if not rows:
             return None
         contracts = self.rows(
-            "SELECT c.name FROM {schema}.service_def_contracts u"
-            " JOIN {schema}.contracts c USING (service_contract_id) WHERE u.service_id = %s",
+            "spec_service_contracts",
             [rows[0][0]])
         return rows[0][1], {c for (c,) in contracts}
 
     def route(self, name: str) -> dict[str, Any] | None:
-        rows = self.rows("SELECT address, remote_service_name, broker_instance, mirror_address"
-                         " FROM {schema}.routes WHERE name = %s", [name])
+        rows = self.rows("spec_route", [name])
         return dict(zip(ROUTE_SETTINGS, rows[0], strict=True)) if rows else None
 
     def event_notification(self, name: str, queue_name: str) -> tuple[set[str], str, str] | None:
         rows = self.rows(
-            "SELECT n.event_types, n.service_name, n.broker_instance"
-            " FROM {schema}.event_notifications n"
-            " JOIN {schema}.queues q ON q.object_id = n.parent_id"
-            " WHERE n.name = %s AND (q.name = %s OR q.schema_name || '.' || q.name = %s)",
+            "spec_event_notification",
             [name, queue_name, queue_name])
         if not rows:
             return None

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import PokeReturnValue
-from psycopg import sql
 
 from airflow_broker.admin.enable_queue import queue_status
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
@@ -109,10 +108,7 @@ class QueueDisabledSensor(BrokerWaitSensor):
         if not watched:
             return {}
         with hook.transaction() as tx:
-            rows = tx.run(sql.SQL(
-                "SELECT w.name, ({}.find_queue(w.name)).object_id"
-                " FROM unnest(%s::text[]) AS w(name)").format(sql.Identifier(hook.schema)),
-                [watched])
+            rows = tx.run(tx.queries["queue_ids"], [watched])
         return {str(name): queue_id for name, queue_id in rows}
 
     def _prepare(self, hook: BrokerHook) -> dict[str, int | None]:
@@ -155,7 +151,6 @@ class QueueDisabledSensor(BrokerWaitSensor):
     def _result(self, hook: BrokerHook, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The first BROKER_QUEUE_DISABLED about a watched queue among received rows."""
         watched = set(self._watched())
-        schema = sql.Identifier(hook.schema)
         for row in rows:
             message = message_from_dict(row)
             if message.message_type_name != EVENT_NOTIFICATION:
@@ -167,11 +162,8 @@ class QueueDisabledSensor(BrokerWaitSensor):
             if event.event_type != BROKER_QUEUE_DISABLED:
                 continue
             with hook.transaction() as tx:
-                found = tx.run(sql.SQL(
-                    "SELECT q.name, q.schema_name, d.datname FROM {}.queues q"
-                    " LEFT JOIN pg_database d ON d.oid = %s"
-                    " WHERE q.object_id = %s OR (q.name = %s AND %s::int IS NULL)").format(
-                        schema), [event.database_id, event.object_id, event.object_name,
+                found = tx.run(tx.queries["disabled_queue_of_event"],
+                               [event.database_id, event.object_id, event.object_name,
                                   event.object_id])
             queue_name = found[0][0] if found else event.object_name
             if watched and queue_name not in watched:

@@ -12,7 +12,7 @@ import psycopg
 
 from airflow_broker import Broker
 from airflow_broker.migrations import functions, install, migrations, pending
-from airflow_broker.queries import QUERIES_FILE
+from airflow_broker.queries import QUERIES_DIR
 
 
 def test_install_is_idempotent_and_reports_what_it_did(empty_dsn: str) -> None:
@@ -95,6 +95,6 @@ def test_wheel_maps_airflow_folders_into_the_package(tmp_path: Path) -> None:
             if "__pycache__" not in p.parts} <= set(names)
     shipped_sql = {n.rsplit("/", 1)[1] for n in names if n.endswith(".sql")}
     assert shipped_sql == ({f.name for f in migrations()} | {f.name for f in functions()}
-                           | {QUERIES_FILE.name})
+                           | {f.name for f in QUERIES_DIR.glob("*.sql")})
     for package in ("hooks", "operators", "sensors"):
         assert importlib.import_module(f"airflow_broker.{package}").__name__.endswith(package)

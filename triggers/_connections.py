@@ -78,9 +78,7 @@ class QueueListener:
 
 
 async def queue_state(conn: AsyncConn, schema: str, queue_name: str) -> dict[str, Any]:
-    cursor = await conn.execute(
-        sql.SQL("SELECT * FROM {}.airflow_queue_state(%s)").format(sql.Identifier(schema)),
-        [queue_name])
+    cursor = await conn.execute(Queries(schema)["airflow_queue_state"], [queue_name])
     row = await cursor.fetchone()
     names = [d.name for d in cursor.description or ()]
     return dict(zip(names, row or (), strict=False))
@@ -97,8 +95,7 @@ async def peek(
     message_type_names: Sequence[str] | None = None,
 ) -> list[Message]:
     cursor = await conn.execute(
-        sql.SQL("SELECT * FROM {}.airflow_peek(%s, %s, %s::uuid, %s::uuid, %s::text[])").format(
-            sql.Identifier(schema)),
+        Queries(schema)["peek"],
         [queue_name, limit, conversation_handle, conversation_group_id,
          list(message_type_names) if message_type_names else None])
     return [Message(*row) for row in await cursor.fetchall()]

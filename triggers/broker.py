@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from psycopg import sql
 
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
 from airflow_broker.hooks.broker import BrokerHook
 from airflow_broker.messages import EVENT_NOTIFICATION
+from airflow_broker.queries import Queries
 from airflow_broker.triggers._connections import (
     AsyncConn,
     QueueListener,
@@ -222,10 +222,7 @@ class QueueDisabledTrigger(WaitForReceiveTrigger):
         log on every poll while a queue is missing."""
         if not self.queue_names:
             return {}
-        cursor = await conn.execute(sql.SQL(
-            "SELECT w.name, ({}.find_queue(w.name)).object_id"
-            " FROM unnest(%s::text[]) AS w(name)").format(sql.Identifier(schema)),
-            [self.queue_names])
+        cursor = await conn.execute(Queries(schema)["queue_ids"], [self.queue_names])
         return {str(name): queue_id for name, queue_id in await cursor.fetchall()}
 
     async def check(self, conn: AsyncConn, schema: str) -> dict[str, Any] | None:

@@ -18,10 +18,10 @@ from airflow.triggers.shared_stream import (
     AdvanceOutcome,
     SharedStreamProducer,
 )
-from psycopg import sql
 
-from airflow_broker.errors import translate
-from airflow_broker.hooks.broker import INBOX_COLUMNS, BrokerHook, inbox_row_to_dict
+from airflow_broker.errors import InvalidObjectName, translate
+from airflow_broker.hooks.broker import BrokerHook, inbox_row_to_dict
+from airflow_broker.queries import Queries
 from airflow_broker.triggers._connections import (
     AsyncConn,
     QueueListener,
@@ -73,25 +73,21 @@ class BrokerStreamProducer(SharedStreamProducer):
     def inbox_channel(self) -> str:
         return f"{self._schema}_airflow_inbox"
 
-    def _columns(self) -> sql.Composed:
-        return sql.SQL(", ").join(map(sql.Identifier, INBOX_COLUMNS))
+    def _query(self, name: str) -> bytes:
+        return Queries(self._schema)[name]
 
-    async def _rows(self, query: sql.Composed, params: Sequence[Any]) -> list[dict[str, Any]]:
+    async def _rows(self, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         assert self._conn is not None
         async with self._conn.transaction():
-            cursor = await self._conn.execute(query, params)
+            cursor = await self._conn.execute(self._query(query), params)
             rows = await cursor.fetchall()
         return [inbox_row_to_dict(row) for row in rows]
 
     async def _claim(self, top: int) -> list[dict[str, Any]]:
-        return await self._rows(sql.SQL(
-            "SELECT {} FROM {}.airflow_claim(%s, %s, %s, NULL, NULL, NULL, true)").format(
-                self._columns(), sql.Identifier(self._schema)),
-            [self.consumer, self.queue_name, top])
+        return await self._rows("inbox_stream_claim", [self.consumer, self.queue_name, top])
 
     async def _reclaim(self) -> list[dict[str, Any]]:
-        return await self._rows(sql.SQL("SELECT {} FROM {}.airflow_reclaim(%s)").format(
-            self._columns(), sql.Identifier(self._schema)), [self.consumer])
+        return await self._rows("inbox_reclaim", [self.consumer])
 
     async def _stale(self) -> list[dict[str, Any]]:
         """A delivered message no DAG run has consumed in ``redeliver_after`` seconds (doubling
@@ -102,10 +98,8 @@ class BrokerStreamProducer(SharedStreamProducer):
                                                         self.redeliver_after)
         assert self._conn is not None
         async with self._conn.transaction():
-            cursor = await self._conn.execute(sql.SQL(
-                "SELECT {}, redeliveries FROM {}.airflow_redeliver(%s, %s)").format(
-                    self._columns(), sql.Identifier(self._schema)),
-                [self.consumer, self.redeliver_after])
+            cursor = await self._conn.execute(
+                self._query("inbox_redeliver"), [self.consumer, self.redeliver_after])
             rows = await cursor.fetchall()
         batch = []
         for row in rows:
@@ -117,19 +111,12 @@ class BrokerStreamProducer(SharedStreamProducer):
         return batch
 
     async def _fetch(self, inbox_id: int) -> list[dict[str, Any]]:
-        return await self._rows(sql.SQL(
-            "SELECT {} FROM {}.airflow_inbox WHERE consumer = %s AND inbox_id = %s"
-            " AND state = 'claimed'").format(self._columns(), sql.Identifier(self._schema)),
-            [self.consumer, inbox_id])
+        return await self._rows("inbox_fetch", [self.consumer, inbox_id])
 
     async def _awaiting_ack(self) -> bool:
         assert self._conn is not None
-        cursor = await self._conn.execute(sql.SQL(
-            "SELECT EXISTS (SELECT 1 FROM {schema}.airflow_inbox WHERE consumer = %s"
-            " AND state = 'delivered' AND (%s::float8 IS NULL"
-            " OR delivered_at > {schema}.utc_now() - make_interval(secs => %s::float8)))").format(
-                schema=sql.Identifier(self._schema)),
-            [self.consumer, self.ack_timeout, self.ack_timeout])
+        cursor = await self._conn.execute(
+            self._query("inbox_awaiting_ack"), [self.consumer, self.ack_timeout, self.ack_timeout])
         row = await cursor.fetchone()
         return bool(row and row[0])
 
@@ -149,12 +136,8 @@ class BrokerStreamProducer(SharedStreamProducer):
         if self._in_flight:
             # Events handed out before a reconnect are still the manager's: this session
             # takes them over so that airflow_reclaim() does not hand them out twice.
-            await conn.execute(sql.SQL(
-                "UPDATE {}.airflow_inbox SET holder_pid = pg_backend_pid(),"
-                " holder_started = (SELECT backend_start FROM pg_stat_activity"
-                "                    WHERE pid = pg_backend_pid())"
-                " WHERE consumer = %s AND inbox_id = ANY(%s)").format(
-                    sql.Identifier(self._schema)), [self.consumer, sorted(self._in_flight)])
+            await conn.execute(self._query("inbox_take_over"),
+                               [self.consumer, sorted(self._in_flight)])
 
     async def _wait_for_queue(self, conn: AsyncConn) -> dict[str, Any]:
         """The queue's state. The watcher may start before its queue exists (its DAG was
@@ -165,7 +148,7 @@ class BrokerStreamProducer(SharedStreamProducer):
                 return await queue_state(conn, self._schema, self.queue_name)
             except psycopg.Error as exc:
                 broker_error = translate(exc)
-                if broker_error is None or broker_error.number != 208:
+                if not isinstance(broker_error, InvalidObjectName):
                     raise
             if not waiting:
                 log.warning("queue %s does not exist (yet); waiting for it", self.queue_name)
@@ -225,8 +208,7 @@ class BrokerStreamProducer(SharedStreamProducer):
         if self._settle_conn is None or self._settle_conn.closed:
             self._schema = (await self._hook.aget_conn_info()).schema
             self._settle_conn = await self._hook.aconnect()
-        settle = sql.SQL("SELECT {}.airflow_settle(%s, %s::bigint[], %s)").format(
-            sql.Identifier(self._schema))
+        settle = self._query("inbox_settle")
         outcomes: dict[str, list[int]] = {"delivered": [], "rejected": []}
         for item in batch:
             inbox_id = int(item.broker_payload)
@@ -244,7 +226,7 @@ class BrokerStreamProducer(SharedStreamProducer):
                 if ids:
                     await self._settle_conn.execute(settle, [self.consumer, ids, state])
             # Wakes open_stream, which may be waiting for this advance.
-            await self._settle_conn.execute("SELECT pg_notify(%s, %s)",
+            await self._settle_conn.execute(self._query("inbox_notify"),
                                             [self.inbox_channel, self.consumer[:7000]])
 
     async def aclose(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from psycopg import sql
 from tqdm import tqdm
 
 from airflow_broker.broker import Broker
@@ -29,9 +28,7 @@ class CleanupSummary:
 def leak_counts(broker: Broker) -> dict[tuple[str, str], int]:
     """Leaked endpoints per (local service, far service)."""
     with broker.pool.connection() as conn:
-        rows = conn.execute(sql.SQL(
-            "SELECT service_name, far_service, leaked FROM {}.leaked_endpoint_counts"
-            " ORDER BY leaked DESC").format(sql.Identifier(broker.schema))).fetchall()
+        rows = conn.execute(broker.queries["leak_counts"]).fetchall()
     return {(service, far): int(n) for service, far, n in rows}
 
 
@@ -44,8 +41,7 @@ def cleanup_leaked_endpoints(
     if dry_run or not summary.found:
         summary.seconds = time.monotonic() - started
         return summary
-    batch = sql.SQL("SELECT {}.cleanup_leaked_endpoints(%s)").format(
-        sql.Identifier(broker.schema))
+    batch = broker.queries.call("cleanup_leaked_endpoints", 1)
     with tqdm(total=summary.found, unit="endpoint", disable=not progress,
               desc="END CONVERSATION WITH CLEANUP") as bar:
         while True:

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from airflow_broker import migrations
 from airflow_broker.broker import Broker
 from airflow_broker.errors import AddressError
 from airflow_broker.messages import MAX_MESSAGE_SIZE
+from airflow_broker.queries import Queries
 from airflow_broker.redaction import redact
 from airflow_broker.worker.activation import activation_command, is_python_target, load_target
 from airflow_broker.worker.transport import resolve_address
@@ -75,19 +75,15 @@ Check = Callable[[psycopg.Connection[tuple[Any, ...]], str], Iterator[Finding]]
 
 def _rows(conn: psycopg.Connection[tuple[Any, ...]], query: str, schema: str,
           params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    return conn.execute(sql.SQL(query).format(s=sql.Identifier(schema)), params).fetchall()
+    """The rows of the named query ``query`` (sql/queries/doctor.sql)."""
+    return conn.execute(Queries(schema)[query], params).fetchall()
 
 
 def check_queues(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for name, receive, enqueue, reason, since, ready in _rows(conn, """
-            SELECT name, is_receive_enabled, is_enqueue_enabled, disabled_reason, disabled_at,
-                   ready_messages
-              FROM {s}.queue_status WHERE NOT (is_receive_enabled AND is_enqueue_enabled)
-             ORDER BY name""", schema):
+    for name, receive, enqueue, reason, since, ready in _rows(conn, "doctor_disabled_queues",
+                                                              schema):
         if reason == "POISON":
-            detail = _rows(conn, """SELECT reason, message_ids FROM {s}.queue_disable_events e
-                                     JOIN {s}.queues q ON q.object_id = e.queue_id
-                                    WHERE q.name = %s ORDER BY e.disabled_at DESC LIMIT 1""",
+            detail = _rows(conn, "doctor_last_disable_event",
                            schema, (name,))
             why = detail[0][0] if detail else "poison-message detection"
             ids = ", ".join(str(m) for m in (detail[0][1] if detail else []))
@@ -114,12 +110,7 @@ def check_oversized_messages(conn: psycopg.Connection[tuple[Any, ...]],
     # SEND refuses bodies over the maximum (50122), so these predate the limit. The biggest
     # cannot be received at all: RECEIVE's output passes PostgreSQL's 1 GB limit and fails on
     # every try, before poison detection can count it, and the queue stops without a word.
-    for name, messages, largest, handles in _rows(conn, """
-            SELECT q.name, count(*), max(octet_length(m.message_body)),
-                   (array_agg(DISTINCT m.conversation_handle))[1:5]
-              FROM {s}.queue_messages m JOIN {s}.queues q ON q.object_id = m.queue_id
-             WHERE octet_length(m.message_body) > {s}.max_message_size()
-             GROUP BY q.name ORDER BY q.name""", schema):
+    for name, messages, largest, handles in _rows(conn, "doctor_oversized_messages", schema):
         yield Finding(
             ERROR, "messages", name,
             f"{messages} message(s) larger than the maximum message size of "
@@ -131,9 +122,7 @@ def check_oversized_messages(conn: psycopg.Connection[tuple[Any, ...]],
 
 
 def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for name, enabled, procedure, readers in _rows(conn, """
-            SELECT name, is_activation_enabled, activation_procedure, max_readers
-              FROM {s}.queues ORDER BY name""", schema):
+    for name, enabled, procedure, readers in _rows(conn, "doctor_activation_settings", schema):
         if enabled and not procedure:
             yield Finding(ERROR, "activation", name,
                           "activation is on but no procedure is configured",
@@ -165,11 +154,7 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
 
     # What the worker last did for each activated queue: a procedure it could not or may not
     # start is refused there, every pass, in its log; here it is said once, with the fix.
-    for name, error in _rows(conn, """
-            SELECT DISTINCT ON (a.queue_id) q.name, a.exception
-              FROM {s}.activation_log a JOIN {s}.queues q ON q.object_id = a.queue_id
-             WHERE q.is_activation_enabled
-             ORDER BY a.queue_id, a.started_at DESC""", schema):
+    for name, error in _rows(conn, "doctor_last_activation", schema):
         if error and error.startswith("could not start"):
             yield Finding(ERROR, "activation", name,
                           f"the broker worker did not start the activation procedure: {error}",
@@ -179,9 +164,7 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
 
 
 def check_monitors(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for name, stuck_for, last_activated in _rows(conn, """
-            SELECT queue_name, stuck_for, last_activated_time FROM {s}.stuck_queue_monitors
-             ORDER BY queue_name""", schema):
+    for name, stuck_for, last_activated in _rows(conn, "doctor_stuck_monitors", schema):
         yield Finding(
             ERROR, "queue monitors", name,
             f"the queue monitor has been NOTIFIED for {stuck_for} (reader started at "
@@ -189,18 +172,13 @@ def check_monitors(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> It
             "reader does not RECEIVE from this queue, so activation will not start it again",
             "fix the reader, then recycle the monitor: ALTER QUEUE ... WITH ACTIVATION "
             "(STATUS = OFF), then (STATUS = ON)")
-    for name, state, since in _rows(conn, """
-            SELECT queue_name, state, state_since FROM {s}.dm_broker_queue_monitors
-             WHERE queue_name NOT IN (SELECT queue_name FROM {s}.stuck_queue_monitors)
-             ORDER BY queue_name""", schema):
+    for name, state, since in _rows(conn, "doctor_queue_monitors", schema):
         yield Finding(INFO, "queue monitors", name, f"monitor {state} since {since}",
                       "nothing to do")
 
 
 def check_leaks(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for service, far_service, leaked, oldest in _rows(conn, """
-            SELECT service_name, far_service, leaked, oldest FROM {s}.leaked_endpoint_counts
-             ORDER BY leaked DESC""", schema):
+    for service, far_service, leaked, oldest in _rows(conn, "doctor_leaked_endpoints", schema):
         yield Finding(
             WARNING, "endpoint leaks", f"{service} <- {far_service}",
             f"{leaked} CLOSED target endpoints that will not be reclaimed for decades (oldest "
@@ -212,12 +190,9 @@ def check_leaks(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Itera
 
 def check_transmission_queue(conn: psycopg.Connection[tuple[Any, ...]],
                              schema: str) -> Iterator[Finding]:
-    for to_service, status, waiting, oldest, attempts, next_attempt in _rows(conn, """
-            SELECT to_service_name, transmission_status, count(*), min(enqueue_time),
-                   max(attempts), min(next_attempt_at)
-              FROM {s}.transmission_queue GROUP BY 1, 2 ORDER BY 3 DESC""", schema):
-        near = _rows(conn, """SELECT name FROM {s}.service_defs
-                               WHERE lower(name) = lower(%s) AND name <> %s""",
+    for to_service, status, waiting, oldest, attempts, next_attempt in _rows(
+            conn, "doctor_transmission_queue", schema):
+        near = _rows(conn, "doctor_services_alike",
                      schema, (to_service, to_service))
         hint = (f" A service named {near[0][0]!r} exists: TO SERVICE names match byte for byte, "
                 "case included." if near else "")
@@ -233,14 +208,8 @@ def check_routes(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iter
     """Routes in both directions: every route's far broker is reachable, has the service, and
     has a route back to each local service that talks to it (without one, messages arrive
     but are never acknowledged and are sent again for ever)."""
-    me = str(_rows(conn, "SELECT service_broker_guid FROM {s}.broker_identity", schema)[0][0])
-    for far_service, in _rows(conn, """
-            SELECT DISTINCT far_service FROM {s}.endpoints
-             WHERE is_remote AND state NOT IN ('CD', 'ER')
-               AND coalesce({s}.route_address(far_service,
-                                              coalesce(far_broker_instance, to_broker_instance)),
-                             'LOCAL') = 'LOCAL'
-             ORDER BY 1""", schema):
+    me = str(_rows(conn, "doctor_broker_instance", schema)[0][0])
+    for far_service, in _rows(conn, "doctor_unrouted_far_services", schema):
         yield Finding(
             ERROR, "routes", far_service,
             "conversations with this service in another broker have no route to it: "
@@ -248,25 +217,11 @@ def check_routes(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iter
             "acknowledged",
             f"CREATE ROUTE ... WITH SERVICE_NAME = '{far_service}', ADDRESS = "
             "'postgresql://...' (create_route)")
-    for name, service, instance, address in _rows(conn, """
-            SELECT name, remote_service_name, broker_instance, address FROM {s}.route_defs
-             WHERE address NOT IN ('LOCAL', 'TRANSPORT')
-               AND (lifetime IS NULL OR lifetime > {s}.utc_now())
-             ORDER BY name""", schema):
-        senders = [r[0] for r in _rows(conn, """
-            SELECT DISTINCT s.name FROM {s}.endpoints e JOIN {s}.service_defs s USING (service_id)
-             WHERE e.is_remote AND (%s::text IS NULL OR e.far_service = %s)
-            UNION
-            SELECT DISTINCT from_service_name FROM {s}.transmissions
-             WHERE %s::text IS NULL OR to_service_name = %s
-             ORDER BY 1""", schema, (service, service, service, service))]
+    for name, service, instance, address in _rows(conn, "doctor_remote_routes", schema):
+        senders = [r[0] for r in _rows(conn, "doctor_route_senders", schema,
+                                       (service, service, service, service))]
         yield from _check_far_broker(name, service, instance, address, me, senders)
-    for far_service, status, waiting in _rows(conn, """
-            SELECT e.far_service, e.transmission_status, count(*) FROM {s}.endpoints e
-             WHERE e.is_remote AND e.transmission_status <> ''
-               AND NOT EXISTS (SELECT 1 FROM {s}.transmissions t
-                                WHERE t.conversation_handle = e.conversation_handle)
-             GROUP BY 1, 2 ORDER BY 3 DESC""", schema):
+    for far_service, status, waiting in _rows(conn, "doctor_unacknowledged", schema):
         yield Finding(
             ERROR, "routes", far_service,
             f"{waiting} conversations cannot acknowledge what {far_service!r} sent them: "
@@ -285,11 +240,11 @@ def _check_far_broker(route: str, service: str | None, instance: str | None, add
                       f"the far broker is unreachable: {str(exc).strip().splitlines()[0]}",
                       "check the address (ALTER ROUTE) and that the server is running")
         return
+    far_queries = Queries(far.schema)
     with conn:
         try:
-            guid, enabled = conn.execute(sql.SQL(
-                "SELECT service_broker_guid::text, is_broker_enabled FROM {}.broker_identity"
-            ).format(sql.Identifier(far.schema))).fetchone() or (None, None)
+            guid, enabled = conn.execute(
+                far_queries["doctor_far_identity"]).fetchone() or (None, None)
         except psycopg.Error:
             yield Finding(ERROR, "routes", subject,
                           f"there is no broker schema {far.schema!r} at this address",
@@ -310,21 +265,16 @@ def _check_far_broker(route: str, service: str | None, instance: str | None, add
             yield Finding(WARNING, "routes", subject,
                           "the far broker is disabled (DISABLE_BROKER): messages wait",
                           "ALTER DATABASE ... SET ENABLE_BROKER there")
-        s = sql.Identifier(far.schema)
         if service is not None and conn.execute(
-                sql.SQL("SELECT 1 FROM {}.service_defs WHERE name = %s").format(s),
-                [service]).fetchone() is None:
-            near = conn.execute(sql.SQL("SELECT name FROM {}.service_defs"
-                                        " WHERE lower(name) = lower(%s)").format(s),
-                                [service]).fetchone()
+                far_queries["doctor_far_service_exists"], [service]).fetchone() is None:
+            near = conn.execute(far_queries["doctor_far_service_alike"], [service]).fetchone()
             hint = (f"; it has {near[0]!r}: service names match byte for byte, case included"
                     if near else "")
             yield Finding(ERROR, "routes", subject,
                           f"the far broker has no service {service!r}{hint}",
                           "create the service there, or correct the route's SERVICE_NAME")
         for sender in senders:
-            back = conn.execute(sql.SQL("SELECT {}.route_address(%s, %s)").format(s),
-                                [sender, me]).fetchone()
+            back = conn.execute(far_queries["doctor_route_back"], [sender, me]).fetchone()
             if back is None or back[0] in (None, "LOCAL"):
                 yield Finding(
                     ERROR, "routes", subject,
@@ -336,9 +286,7 @@ def _check_far_broker(route: str, service: str | None, instance: str | None, add
 
 
 def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for service, far_service, refused in _rows(conn, """
-            SELECT far_service, service_name, count(*) FROM {s}.error_audit
-             WHERE code = -8408 GROUP BY 1, 2 ORDER BY 3 DESC""", schema):
+    for service, far_service, refused in _rows(conn, "doctor_refused_contracts_audited", schema):
         yield Finding(
             ERROR, "services", service,
             f"{refused} dialogs from {far_service} were refused (-8408) because the service "
@@ -346,27 +294,14 @@ def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> It
             "table saw the errors",
             "ALTER SERVICE ... (ADD CONTRACT ...) on the target, or begin dialogs on a contract "
             "it accepts")
-    for service, contract, in_error in _rows(conn, """
-            SELECT e.far_service, c.name, count(*) FROM {s}.endpoints e
-              JOIN {s}.contracts c USING (service_contract_id)
-              JOIN {s}.queue_messages m ON m.conversation_handle = e.conversation_handle
-             WHERE e.state = 'ER' AND m.message_type_id = 1
-               AND {s}.utf16le_decode(m.message_body) LIKE '%%<Code>-8408</Code>%%'
-             GROUP BY 1, 2""", schema):
+    for service, contract, in_error in _rows(conn, "doctor_refused_contracts_waiting", schema):
         yield Finding(
             ERROR, "services", service,
             f"does not accept contract {contract!r}: {in_error} dialogs to it ended in error "
             "-8408",
             f"ALTER SERVICE [{service}] (ADD CONTRACT [{contract}]), or begin dialogs on a "
             "contract it accepts")
-    for name, service in _rows(conn, """
-            SELECT n.name, n.service_name FROM {s}.event_subscriptions n
-             WHERE NOT EXISTS (SELECT 1 FROM {s}.service_defs d
-                                JOIN {s}.service_def_contracts u USING (service_id)
-                                JOIN {s}.contracts c USING (service_contract_id)
-                               WHERE d.name = n.service_name
-                                 AND c.name = 'http://schemas.microsoft.com/SQL/Notifications/PostEventNotification')
-             ORDER BY 1""", schema):
+    for name, service in _rows(conn, "doctor_notifications_without_contract", schema):
         yield Finding(
             ERROR, "event notifications", name,
             f"its service {service!r} does not exist or does not accept the contract "

@@ -12,8 +12,6 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from psycopg import sql
-
 from airflow_broker.broker import Broker
 from airflow_broker.errors import InvalidObjectName
 
@@ -52,16 +50,8 @@ class EnableResult:
 
 def queue_status(broker: Broker, queue_name: str) -> QueueStatus:
     """The queue's state from ``queue_status``; BrokerError 208 when there is no such queue."""
-    schema = sql.Identifier(broker.schema)
     with broker.transaction() as tx:
-        rows = tx.run(sql.SQL(
-            "SELECT s.name, s.schema_name, s.is_receive_enabled, s.disabled_reason,"
-            " s.disabled_at, s.ready_messages,"
-            " (SELECT e.reason FROM {schema}.queue_disable_events e"
-            "   WHERE e.queue_id = s.object_id ORDER BY e.event_id DESC LIMIT 1)"
-            " FROM {schema}.queue_status s"
-            " WHERE s.object_id = (SELECT object_id FROM {schema}.find_queue(%s))").format(
-                schema=schema), [queue_name])
+        rows = tx.run(tx.queries["queue_status"], [queue_name])
     if not rows:
         raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
     name, schema_name, enabled, reason, since, ready, poison = rows[0]

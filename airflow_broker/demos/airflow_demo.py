@@ -19,6 +19,7 @@ from pathlib import Path
 import platformdirs
 from psycopg.conninfo import conninfo_to_dict
 
+from airflow_broker.demos.output import say
 from airflow_broker.embedded import EmbeddedPostgres
 
 DAG_FILE = '''"""The airflow-broker demo DAG (see airflow_broker.demos.demo_dag)."""
@@ -28,9 +29,6 @@ dag = build_demo_dag()
 '''
 RESULT_MARKER = "DEMO_RESULT "
 
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 def broker_connection(dsn: str) -> str:

@@ -24,6 +24,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_broker import Broker
+from airflow_broker.demos.output import say
 from airflow_broker.worker import BrokerWorker
 
 SCHEMA = "broker_demo"
@@ -48,9 +49,6 @@ class DemoResult:
     readers: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
 
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 def define_application(broker: Broker) -> None:

@@ -33,6 +33,7 @@ import pendulum
 from airflow.sdk import Param, chain, dag, get_current_context, task
 from psycopg import sql
 
+from airflow_broker.demos.output import say as print_line
 from airflow_broker.demos.trading import (
     BROKERAGE_SERVICE,
     CONTRACT,
@@ -53,7 +54,7 @@ CONN_ID = "broker_demo"
 
 
 def say(text: str) -> None:
-    print(f"[demo] {text}", flush=True)
+    print_line(text, prefix="[demo] ")
 
 
 def _count(tx: Any, query: str) -> int:

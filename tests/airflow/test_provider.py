@@ -93,8 +93,8 @@ def test_airflow_cli_lists_the_installed_provider(installed: tuple[Path, dict[st
     assert hook["conn_id_attribute_name"] == "broker_conn_id"
     assert hook["package_name"] == "airflow-broker"
     triggers = [t for t in outputs["triggers"] if t["package_name"] == "airflow-broker"]
-    assert [t["class"] for t in triggers] == ["airflow_broker.triggers.broker",
-                                             "airflow_broker.triggers.stream"]
+    assert sorted(t["class"] for t in triggers) == ["airflow_broker.triggers.broker",
+                                                   "airflow_broker.triggers.stream"]
     assert {"queue_class_names": "airflow_broker.queues.broker.BrokerMessageQueueProvider"} \
         in outputs["queues"]
     assert {"notification_class_name":
