@@ -2,9 +2,9 @@
 
 The embedded PostgreSQL has neither pg_stat_statements nor auto_explain, so this uses what core
 PostgreSQL offers: per-function time (track_functions = all), plan_cache_mode to expose
-re-planning, EXPLAIN (ANALYZE, BUFFERS) of the statements inside the functions (their text
-mirrors sql/functions/30_send.sql and 40_receive.sql at the commit measured in
-docs/performance.md), client-side timing of each round trip, and
+re-planning, EXPLAIN (ANALYZE, BUFFERS) of the statements inside the functions (taken from
+sql/functions/30_send.sql and 40_receive.sql by bench.statements, so they are the functions'
+own), client-side timing of each round trip, and
 WAL written per transaction. It needs a superuser (track_functions); the embedded server is one.
 """
 
@@ -22,83 +22,16 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker import Broker
+from airflow_broker.queries import Queries
 from bench import ours_setup, pgmq_peer
 from bench.harness import Options, database, durable, prepare_database
 from bench.ops import BARE_TABLE, Conn, binary_body, json_body
 from bench.ours_ops import MESSAGE_TYPE
 from bench.ours_setup import Catalog, Target
+from bench.statements import Statement, engine_statements
 
 CALLS = 2_000
 EXPLAIN_RUNS = 20
-
-# The statements of send() and receive() that touch tables, as the functions run them.
-SEND_LOOP = """
-SELECT ce.conversation_handle, ce.conversation_id, ce.is_initiator, ce.state,
-       ce.service_contract_id, ce.conversation_group_id, ce.service_id, ce.far_handle,
-       ce.far_service, ce.lifetime, ce.send_sequence, ce.priority,
-       s.name AS service_name, s.service_queue_id,
-       q.name AS queue_name, q.is_enqueue_enabled, q.is_retention_enabled,
-       u.message_type_id IS NOT NULL AS in_contract,
-       u.is_sent_by_initiator, u.is_sent_by_target
-  FROM endpoints ce
-  JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
-  JOIN service_defs s ON s.service_id = ce.service_id
-  JOIN queues q ON q.object_id = s.service_queue_id
-  LEFT JOIN contract_message_usages u
-         ON u.service_contract_id = ce.service_contract_id AND u.message_type_id = $2
- WHERE ce.conversation_handle = $1
-   FOR NO KEY UPDATE OF ce, g"""
-SEND_PENDING = """
-SELECT transmission_status FROM transmissions
- WHERE conversation_handle = $1
- ORDER BY message_sequence_number DESC LIMIT 1"""
-SEND_FAR = """
-SELECT e.conversation_handle, e.conversation_group_id, e.service_id, e.state,
-       s.service_queue_id, q.is_enqueue_enabled
-  FROM endpoints e
-  JOIN service_defs s ON s.service_id = e.service_id
-  JOIN queues q ON q.object_id = s.service_queue_id
- WHERE e.conversation_handle = $1"""
-SEND_INSERT = """
-INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
-                            message_sequence_number, precedence, service_id,
-                            service_contract_id, message_type_id, message_body, message_id,
-                            enqueued_at)
-VALUES ($1, 5, $2, $3, $4, 2, $5, $6, $7, $8, gen_random_uuid(), utc_now())"""
-SEND_UPDATE = """
-UPDATE endpoints
-   SET send_sequence = send_sequence + 1,
-       state = CASE WHEN state = 'SO' THEN 'CO' ELSE state END
- WHERE conversation_handle = $1"""
-RECEIVE_LOCK = """
-SELECT g.conversation_group_id
-  FROM queue_messages m
-  JOIN dialog_groups g ON g.conversation_group_id = m.conversation_group_id
- WHERE m.queue_id = $1 AND m.status = 1
- ORDER BY m.priority DESC, m.queuing_order
- LIMIT 1
-   FOR NO KEY UPDATE OF g SKIP LOCKED"""
-RECEIVE_TAKE = """
-WITH picked AS (
-    SELECT m.queuing_order FROM queue_messages m
-     WHERE m.conversation_group_id = $2 AND m.queue_id = $1
-       AND ($3::uuid IS NULL OR m.conversation_handle = $3) AND m.status = 1
-     ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
-     LIMIT $4),
-taken AS (
-    DELETE FROM queue_messages m USING picked p
-     WHERE m.queuing_order = p.queuing_order
-    RETURNING m.*)
-SELECT 1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
-       t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
-       c.name, t.service_contract_id, mt.name, t.message_type_id,
-       t.message_body, t.message_id
-  FROM taken t
-  JOIN service_defs s ON s.service_id = t.service_id
-  JOIN contracts c ON c.service_contract_id = t.service_contract_id
-  JOIN message_types mt ON mt.message_type_id = t.message_type_id
- ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number"""
-
 
 def say(text: str = "") -> None:
     print(text, flush=True)
@@ -180,10 +113,9 @@ def profile_round_trips(dsn: str, handle: uuid.UUID) -> None:
     say("### Round trips of one SEND transaction (psycopg, prepared), µs, median")
     phases: dict[str, list[float]] = {"BEGIN": [], "SELECT broker.send(...)": [], "COMMIT": []}
     baseline: dict[str, list[float]] = {"BEGIN": [], "SELECT 1": [], "COMMIT": []}
-    query = (
-        "SELECT * FROM broker.send(%s::uuid[], %s::text, %s::bytea, %s::boolean, %s::text,"
-        " %s::text)"
-    )
+    # The engine's own rendering of the call, as Transaction.send() sends it.
+    query = Queries("broker").call("send", 6, ["uuid[]", "text", "bytea", "boolean", "text",
+                                               "text"])
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(CALLS):
             for store, statement, params in (
@@ -245,11 +177,11 @@ def profile_receive(
             _loop(CALLS, receive)
 
 
-def _explain(conn: Conn, statement: str, params: Sequence[Any], types: str) -> None:
+def _explain(conn: Conn, statement: Statement, params: Sequence[Any]) -> None:
     """Median planning and execution time of ``statement`` over EXPLAIN_RUNS executions, for a
     custom and a generic plan, and the cost estimates PostgreSQL's plan cache compares."""
     name = f"bench_{uuid.uuid4().hex[:8]}"
-    conn.execute(f"PREPARE {name} ({types}) AS {statement}")
+    conn.execute(statement.prepare(name))
     literal = psycopg.ClientCursor(conn)
     placeholders = ", ".join(["%s"] * len(params))
     for mode in ("force_custom_plan", "force_generic_plan", "auto"):
@@ -317,24 +249,24 @@ def profile_statements(
         ).fetchone()
         assert group is not None
         conn.commit()
-        for label, statement, params, types in (
-            ("send: endpoint + group lock, per handle", SEND_LOOP,
-             [handle, catalog.message_type_id], "uuid, integer"),
-            ("send: pending transmissions", SEND_PENDING, [handle], "uuid"),
-            ("deliver: far endpoint", SEND_FAR, [far[0]], "uuid"),
-            ("deliver: INSERT queue_messages", SEND_INSERT,
-             [send_target.queue_id, target_row[0], far[0], 1, send_target.service_id,
-              catalog.contract_id, catalog.message_type_id, binary_body(100)],
-             "integer, uuid, uuid, bigint, integer, integer, integer, bytea"),
-            ("send: UPDATE endpoints", SEND_UPDATE, [handle], "uuid"),
-            ("receive: lock_next_group", RECEIVE_LOCK, [receive_target.queue_id], "integer"),
-            ("receive: take_messages (TOP 1)", RECEIVE_TAKE,
-             [receive_target.queue_id, group[0], None, 1], "integer, uuid, uuid, bigint"),
+        statements = engine_statements()
+        for label, name, params in (
+            ("send: endpoint + group lock, per handle", "send_endpoint",
+             [handle, catalog.message_type_id]),
+            ("send: pending transmissions", "send_pending", [handle]),
+            ("deliver: far endpoint", "deliver_far_endpoint", [far[0]]),
+            ("deliver: INSERT queue_messages", "deliver_insert",
+             [send_target.queue_id, 5, target_row[0], far[0], 1, "data", send_target.service_id,
+              catalog.contract_id, catalog.message_type_id, binary_body(100), None]),
+            ("send: UPDATE endpoints", "send_update_endpoint", [1, False, far[0], handle]),
+            ("receive: lock_next_group", "receive_lock_group", [receive_target.queue_id]),
+            ("receive: take_messages (TOP 1)", "receive_take",
+             [group[0], receive_target.queue_id, None, 1]),
         ):
             say(f"#### {label}")
             say("| plan | est. cost | planning µs | execution µs | shape |")
             say("|---|---:|---:|---:|---|")
-            _explain(conn, statement, params, types)
+            _explain(conn, statements[name], params)
             say()
 
 

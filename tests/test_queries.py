@@ -12,6 +12,7 @@ from psycopg import pq
 
 from airflow_broker.hooks.broker import INBOX_COLUMNS
 from airflow_broker.queries import Queries, query_texts
+from bench.statements import engine_statements
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("airflow_broker", "hooks", "operators", "sensors", "triggers",
@@ -67,4 +68,22 @@ def test_every_query_parses_and_plans_against_the_installed_schema(dsn: str) -> 
             result = conn.pgconn.prepare(f"q{i}".encode(), _positional(text.decode()).encode())
             if result.status != pq.ExecStatus.COMMAND_OK:
                 failures[name] = (result.error_message or b"").decode()
+    assert failures == {}
+
+
+def test_the_benchmark_explains_the_functions_own_statements(dsn: str) -> None:
+    """bench/profiling.py explains the statements marked in sql/functions: each one is found,
+    and plans against an installed schema as it stands in its function."""
+    statements = engine_statements()
+    assert set(statements) == {"send_endpoint", "send_pending", "deliver_far_endpoint",
+                               "deliver_insert", "send_update_endpoint", "receive_lock_group",
+                               "receive_take"}
+    failures = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET search_path = broker")
+        for name, statement in statements.items():
+            try:
+                conn.execute(statement.prepare(name))
+            except psycopg.Error as exc:
+                failures[name] = str(exc)
     assert failures == {}

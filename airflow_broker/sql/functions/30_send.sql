@@ -127,6 +127,7 @@ BEGIN
         END IF;
         -- The peer's group is read without a lock: MOVE CONVERSATION of the peer waits for
         -- this transaction through the sender's endpoint, which every caller holds.
+        -- explain deliver_far_endpoint: p_far_handle uuid
         SELECT e.conversation_handle, e.conversation_group_id, e.service_id, e.state,
                e.security_timestamp, e.flag_sent_at, s.service_queue_id, q.is_enqueue_enabled
           INTO v_handle, v_group, v_service, v_state, v_peer_timestamp, v_peer_flag, v_queue,
@@ -201,6 +202,9 @@ BEGIN
          WHERE conversation_handle = p_handle;
     END IF;
 
+    -- explain deliver_insert: v_queue integer, p_priority smallint, v_group uuid, v_handle uuid,
+    --   p_seq bigint, v_kind text, v_service integer, p_contract_id integer, p_type_id integer,
+    --   p_body bytea, v_now timestamp
     INSERT INTO queue_messages (queue_id, priority, conversation_group_id, conversation_handle,
                                 message_sequence_number, precedence, service_id,
                                 service_contract_id, message_type_id, message_body, message_id,
@@ -296,6 +300,7 @@ BEGIN
         v_handles := ARRAY(SELECT h FROM unnest(p_handles) h ORDER BY h);
     END IF;
     FOREACH v_handle IN ARRAY v_handles LOOP
+        -- explain send_endpoint: v_handle uuid, v_type.message_type_id integer
         SELECT ce.conversation_handle, ce.conversation_id, ce.is_initiator, ce.state,
                ce.service_contract_id, ce.conversation_group_id, ce.service_id, ce.far_handle,
                ce.far_service, ce.lifetime, ce.send_sequence, ce.priority,
@@ -339,6 +344,7 @@ BEGIN
             PERFORM deliver_error(e.conversation_handle, v_reject.code, v_reject.description);
         ELSE
             -- Messages already waiting in the transmission queue go first.
+            -- explain send_pending: e.conversation_handle uuid
             v_status := (SELECT transmission_status FROM transmissions
                           WHERE conversation_handle = e.conversation_handle
                           ORDER BY message_sequence_number DESC LIMIT 1);
@@ -366,6 +372,8 @@ BEGIN
                     v_type.message_type_id, v_body, gen_random_uuid(), utc_now());
         END IF;
 
+        -- explain send_update_endpoint: v_seq bigint, v_rejected boolean, e.far_handle uuid,
+        --   e.conversation_handle uuid
         UPDATE endpoints
            SET send_sequence = v_seq + 1,
                state = CASE WHEN state = 'SO' AND NOT v_rejected THEN 'CO' ELSE state END,

@@ -33,6 +33,7 @@ DECLARE
     v_locked uuid[] := '{}';
 BEGIN
     -- Usually a group among the first few messages is free: one statement.
+    -- explain receive_lock_group: p_queue_id integer
     SELECT g.conversation_group_id INTO v_group
       FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
               FROM queue_messages m
@@ -115,6 +116,8 @@ BEGIN
           LEFT JOIN message_attempts a ON a.message_id = t.message_id
          ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
     ELSE
+        -- explain receive_take: p_group uuid, p_queue.object_id integer, p_handle uuid,
+        --   p_limit bigint
         RETURN QUERY
         WITH picked AS (
             SELECT m.queuing_order FROM queue_messages m
