@@ -30,11 +30,11 @@ import psycopg
 from airflow_broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.migrations import install
-from tests.conftest import fresh_database
-from tests.system.api import AirflowApi
-from tests.system.conftest import SystemDatabases, running_deployment
-from tests.system.deployment import Deployment
-from tests.system.install import install_project
+from tests.fixtures.postgres import fresh_database
+from tests.fixtures.system import SystemDatabases, running_deployment
+from tests.support.airflow_api import AirflowApi
+from tests.support.deployment import Deployment
+from tests.support.install import install_project
 
 EVENT = "//System/Event"
 DEFAULT_JSON = Path(__file__).parent / "results" / "airflow_latency.json"

@@ -1,10 +1,10 @@
 """Scenario j: the Spark reader application (airflow_broker/spark/reader.py) draining a
 pre-filled queue with 2 readers on local[2], against 2 plain Python QueueReader processes on the
 same server: the ratio is Spark's overhead. Then the same application on a Spark standalone
-cluster on 127.0.0.1 (a master and two workers of one core, tests/spark_cluster.py), submitted as
-ActivatedReaderOperator submits it (the packed readers' environment, the handler's package as
-py_files, the DSN in a properties file), against local[2]: the ratio is what a real cluster's
-executors and shipping cost.
+cluster on 127.0.0.1 (a master and two workers of one core, tests/support/spark_cluster.py),
+submitted as ActivatedReaderOperator submits it (the packed readers' environment, the handler's
+package as py_files, the DSN in a properties file), against local[2]: the ratio is what a real
+cluster's executors and shipping cost.
 
 Both sides run the same reader loop (airflow_broker.readers.queue_reader.QueueReader, RECEIVE
 TOP(100), each message in a savepoint, one commit per batch) with the same handler
@@ -38,7 +38,7 @@ from bench.harness import DRAIN_MARKS, Env
 from bench.queue_drain import HANDLER
 from bench.report import Row, Scenario, median
 from bench.throughput import OUR_TABLES
-from tests.spark_cluster import SparkCluster
+from tests.support.spark_cluster import SparkCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 READERS = 2

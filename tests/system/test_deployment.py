@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker
-from tests.system.api import AirflowApi
-from tests.system.conftest import SystemDatabases
-from tests.system.deployment import Deployment
+from tests.fixtures.system import SystemDatabases
+from tests.support.airflow_api import AirflowApi
+from tests.support.deployment import Deployment
 
 ORDER = "//Shop/Order"
 CONFIRMATION = "//Shop/OrderConfirmation"

@@ -18,10 +18,10 @@ from airflow_broker.demos.trading import (
     TRADE_ENTRY,
     TRADER_SERVICE,
 )
-from tests.system.api import AirflowApi
-from tests.system.conftest import SystemDatabases
-from tests.system.deployment import Deployment
-from tests.system.smtp import Mailbox
+from tests.fixtures.system import SystemDatabases
+from tests.support.airflow_api import AirflowApi
+from tests.support.deployment import Deployment
+from tests.support.smtp import Mailbox
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import pytest
 
 from airflow_broker import Broker
 from airflow_broker.spark.shipping import base_interpreter
-from tests.spark_cluster import SparkCluster
-from tests.system.api import AirflowApi
-from tests.system.conftest import SystemDatabases
-from tests.system.deployment import Deployment
+from tests.fixtures.system import SystemDatabases
+from tests.support.airflow_api import AirflowApi
+from tests.support.deployment import Deployment
+from tests.support.spark_cluster import SparkCluster
 
 CONVERSATIONS = 50
 PER_CONVERSATION = 60

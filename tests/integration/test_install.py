@@ -1,0 +1,100 @@
+"""Installing and upgrading the broker schema."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import psycopg
+
+from airflow_broker import Broker
+from airflow_broker.migrations import functions, install, migrations, pending
+from airflow_broker.queries import QUERIES_DIR
+
+
+def test_install_is_idempotent_and_reports_what_it_did(empty_dsn: str) -> None:
+    first = install(empty_dsn)
+    assert first.applied == [f.name for f in migrations()] + [f.name for f in functions()]
+    assert pending(empty_dsn) == []
+    again = install(empty_dsn)
+    assert again.applied == []
+
+
+def test_upgrade_keeps_data(empty_dsn: str) -> None:
+    """A schema installed by an older release (only the first migration applied, and data in
+    it) is upgraded in place."""
+    first_migration = migrations()[0].name
+    install(empty_dsn, up_to=first_migration.split("__")[0])
+    with psycopg.connect(empty_dsn) as conn:
+        conn.execute("""INSERT INTO broker.message_types (name, validation_kind, created_at)
+                        VALUES ('KeptType', 'NONE', now())""")
+    later = [f.name for f in migrations()[1:]] + [f.name for f in functions()]
+    assert pending(empty_dsn) == later
+    with Broker(empty_dsn) as broker:
+        report = broker.install()
+        assert report.applied == later
+        with broker.transaction() as tx:
+            tx.create_contract("UsesKept", {"KeptType": "ANY"})
+            tx.create_queue("q")
+            tx.create_service("S", "q", ["UsesKept"])
+            handle = tx.begin_dialog("S", "S", "UsesKept")
+            tx.send(handle, "KeptType", b"still works")
+        with broker.transaction() as tx:
+            assert [m.message_body for m in tx.receive("q")] == [b"still works"]
+
+
+def test_changed_function_file_is_reapplied(empty_dsn: str) -> None:
+    install(empty_dsn)
+    with psycopg.connect(empty_dsn) as conn:
+        conn.execute("INSERT INTO broker.schema_migrations (name, checksum) VALUES ('x', 'y')")
+        conn.execute("UPDATE broker.schema_migrations SET checksum = 'stale'"
+                     " WHERE name = '30_send.sql'")
+    assert pending(empty_dsn) == ["30_send.sql"]
+    assert install(empty_dsn).applied == ["30_send.sql"]
+
+
+def test_schema_name_is_configurable(empty_dsn: str) -> None:
+    with Broker(empty_dsn, schema="Trading Broker") as broker:
+        broker.install()
+        with broker.transaction() as tx:
+            tx.create_queue("q", schema="public")
+            tx.create_service("S", "q", ["DEFAULT"])
+            handle = tx.begin_dialog("S", "S")
+            tx.send(handle, "DEFAULT", b"in a schema with a space")
+        with broker.transaction() as tx:
+            (message,) = tx.receive("q", waitfor=True, timeout=5)
+    assert message.message_body == b"in a schema with a space"
+    with psycopg.connect(empty_dsn) as conn:
+        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    assert "Trading Broker" in schemas and "broker" not in schemas
+
+
+def test_wheel_maps_airflow_folders_into_the_package(tmp_path: Path) -> None:
+    """hooks/, operators/ and sensors/ install inside airflow_broker, never at the top of
+    site-packages, and the SQL files ship with the package."""
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(root)],
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("airflow_broker-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"airflow_broker", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert len(names) == len(set(names))
+    for package in ("hooks", "operators", "sensors", "triggers", "notifications", "queues",
+                    "admin", "demos", "poison", "readers", "spark", "worker"):
+        assert f"airflow_broker/{package}/__init__.py" in names
+    # Every module of the source tree is in the wheel.
+    package_dir = root / "airflow_broker"
+    assert {f"airflow_broker/{p.relative_to(package_dir)}" for p in package_dir.rglob("*.py")
+            if "__pycache__" not in p.parts} <= set(names)
+    shipped_sql = {n.rsplit("/", 1)[1] for n in names if n.endswith(".sql")}
+    assert shipped_sql == ({f.name for f in migrations()} | {f.name for f in functions()}
+                           | {f.name for f in QUERIES_DIR.glob("*.sql")})
+    for package in ("hooks", "operators", "sensors"):
+        assert importlib.import_module(f"airflow_broker.{package}").__name__.endswith(package)

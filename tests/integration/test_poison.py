@@ -1,0 +1,277 @@
+"""Poison-message detection and BROKER_QUEUE_DISABLED (spec 18, 19; T-PM-01)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from airflow_broker import Broker, BrokerError, QueueDisabledError
+from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
+from airflow_broker.messages import EVENT_NOTIFICATION
+from airflow_broker.worker import BrokerWorker
+from tests.support.brokers import App
+from tests.support.helpers import count, target_handle
+
+POST_EVENT = "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification"
+
+
+@pytest.fixture
+def watched(app: App) -> App:
+    """The app, with a BROKER_QUEUE_DISABLED notification on q_t to service N."""
+    with app.broker.transaction() as tx:
+        tx.create_queue("q_n")
+        tx.create_service("N", "q_n", [POST_EVENT])
+        tx.create_event_notification("q_t disabled", "q_t", ["BROKER_QUEUE_DISABLED"], "N")
+    return app
+
+
+def fill(app: App, n: int = 3) -> uuid.UUID:
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        for i in range(n):
+            tx.send(handle, "Req", f"m{i}")
+    return handle
+
+
+def fail_once(broker: Broker) -> None:
+    with pytest.raises(RuntimeError), broker.transaction() as tx:
+        assert tx.receive("q_t", 1)
+        raise RuntimeError("processing fails")
+
+
+def succeed_once(broker: Broker) -> None:
+    with broker.transaction() as tx:
+        assert tx.receive("q_t", 1)
+
+
+def is_enabled(broker: Broker, queue: str = "q_t") -> bool:
+    return count(broker, "SELECT count(*) FROM broker.service_queues"
+                         " WHERE name = %s AND is_receive_enabled", (queue,)) == 1
+
+
+def test_T_PM_01_five_rollbacks_disable_the_queue(watched: App) -> None:
+    broker = watched.broker
+    fill(watched)
+    for attempt in range(4):
+        fail_once(broker)
+        assert is_enabled(broker), f"disabled after {attempt + 1} rollbacks"
+    fail_once(broker)
+    assert not is_enabled(broker)
+    with psycopg.connect(broker.dsn) as conn:
+        status = conn.execute("SELECT is_enqueue_enabled, disabled_reason FROM broker.queue_status"
+                              " WHERE name = 'q_t'").fetchone()
+        reason = conn.execute("SELECT reason, cardinality(message_ids)"
+                              " FROM broker.queue_disable_events").fetchone()
+        queue_id, database_id = conn.execute(
+            "SELECT object_id, (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " FROM broker.service_queues WHERE name = 'q_t'").fetchone() or (None, None)
+    assert status == (False, "POISON")
+    assert reason == ("5 consecutive transactions that received from the queue rolled back", 1)
+    with pytest.raises(QueueDisabledError), broker.transaction() as tx:
+        tx.receive("q_t")
+    with broker.transaction() as tx:
+        (event_message,) = tx.receive("q_n")
+    assert event_message.message_type_name == EVENT_NOTIFICATION
+    assert event_message.service_contract_name == POST_EVENT
+    event = EventInstance.from_message(event_message)
+    assert event.event_type == BROKER_QUEUE_DISABLED
+    assert (event.object_id, event.database_id) == (queue_id, database_id)
+    assert [child.tag for child in event.document] == [
+        "EventType", "PostTime", "SPID", "DatabaseID", "TransactionID", "NTUserName",
+        "NTDomainName", "HostName", "ClientProcessID", "ApplicationName", "StartTime",
+        "ObjectID", "ServerName", "LoginSid", "EventSequence", "IsSystem"]
+    # The documented recovery: enable, find the message, end its conversation WITH ERROR.
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", status=True)
+        (poison,) = tx.receive("q_t", 1)
+        assert poison.attempts == 5
+        tx.end_conversation(poison.conversation_handle, error=500, description="poison")
+    assert is_enabled(broker)
+
+
+def test_T_PM_01_a_commit_resets_the_count(watched: App) -> None:
+    fill(watched, 4)
+    for _ in range(4):
+        fail_once(watched.broker)
+    succeed_once(watched.broker)
+    for _ in range(4):
+        fail_once(watched.broker)
+    assert is_enabled(watched.broker)
+    assert count(watched.broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                                 " WHERE name = 'q_t'") == 4
+
+
+def test_T_PM_01_poison_handling_off_never_disables(watched: App) -> None:
+    with watched.broker.transaction() as tx:
+        tx.alter_queue("q_t", poison_message_handling=False)
+    fill(watched)
+    for _ in range(8):
+        fail_once(watched.broker)
+    assert is_enabled(watched.broker)
+
+
+def test_T_PM_01_savepoint_rollbacks_do_not_count(watched: App) -> None:
+    fill(watched)
+    for _ in range(6):
+        with watched.broker.transaction() as tx, pytest.raises(RuntimeError), tx.savepoint():
+            assert tx.receive("q_t", 1)
+            raise RuntimeError("only this part is undone")
+    assert is_enabled(watched.broker)
+    assert count(watched.broker, "SELECT count(*) FROM broker.queue_messages"
+                                 " WHERE queue_id = (SELECT object_id FROM broker.queues"
+                                 " WHERE name = 'q_t')") == 3
+
+
+def test_T_PM_01_empty_receive_rollbacks_do_not_count(watched: App) -> None:
+    for _ in range(6):
+        with pytest.raises(RuntimeError), watched.broker.transaction() as tx:
+            assert tx.receive("q_t") == []
+            raise RuntimeError("nothing was received")
+    assert is_enabled(watched.broker)
+
+
+def test_poison_threshold_is_tunable(watched: App) -> None:
+    with watched.broker.transaction() as tx:
+        tx.tune_queue("q_t", poison_threshold=2)
+    fill(watched)
+    fail_once(watched.broker)
+    assert is_enabled(watched.broker)
+    fail_once(watched.broker)
+    assert not is_enabled(watched.broker)
+    with pytest.raises(BrokerError) as bad, watched.broker.transaction() as tx:
+        tx.tune_queue("q_t", poison_threshold=0)
+    assert bad.value.number == 50106
+
+
+KILLED_READER = r"""
+import json, sys, time
+from airflow_broker import Broker
+broker = Broker(sys.argv[1])
+with broker.transaction() as tx:
+    batch = tx.receive("q_t", 1)
+    print(json.dumps([str(m.message_id) for m in batch]), flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_readers_killed_five_times_disable_the_queue(watched: App) -> None:
+    broker = watched.broker
+    fill(watched, 1)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    seen: list[str] = []
+    for _ in range(5):
+        deadline = time.monotonic() + 60
+        while True:
+            reader = subprocess.Popen([sys.executable, "-c", KILLED_READER, broker.dsn],
+                                      stdout=subprocess.PIPE, text=True, env=env)
+            assert reader.stdout is not None
+            taken = json.loads(reader.stdout.readline())
+            if taken:
+                break
+            reader.wait(timeout=30)  # the previous reader's backend has not ended yet
+            assert time.monotonic() < deadline
+        seen.extend(taken)
+        reader.send_signal(signal.SIGKILL)
+        reader.wait(timeout=30)
+    assert len(set(seen)) == 1  # the same message came back every time
+    # The worker resolves what the killed readers could not report.
+    deadline = time.monotonic() + 60
+    worker = BrokerWorker(broker, activation=False)
+    while is_enabled(broker):
+        assert time.monotonic() < deadline, "the queue was never disabled"
+        worker.run_once()
+        time.sleep(0.2)
+    with broker.transaction() as tx:
+        (event_message,) = tx.receive("q_n")
+    event = EventInstance.from_message(event_message)
+    assert event.event_type == BROKER_QUEUE_DISABLED
+    assert event.object_id == count(broker, "SELECT object_id FROM broker.queues"
+                                            " WHERE name = 'q_t'")
+
+
+@pytest.mark.slow
+def test_concurrent_readers_with_some_rollbacks_never_disable(watched: App) -> None:
+    """4 readers commit 2,000 messages; every tenth transaction of each rolls back."""
+    broker = watched.broker
+    with broker.transaction() as tx:
+        handles = [tx.begin_dialog("I", "T", "C") for _ in range(200)]
+        for h in handles:
+            for i in range(10):
+                tx.send(h, "Req", f"{i}")
+    processed: list[uuid.UUID] = []
+    lock = threading.Lock()
+
+    def reader() -> int:
+        transactions = rollbacks = 0
+        idle = 0
+        while idle < 3:
+            transactions += 1
+            try:
+                with broker.transaction() as tx:
+                    batch = tx.receive("q_t", 5, waitfor=True, timeout=0.5)
+                    if batch and transactions % 10 == 0:
+                        raise RuntimeError("one in ten fails")
+            except RuntimeError:
+                rollbacks += 1
+                continue
+            if batch:
+                idle = 0
+                with lock:
+                    processed.extend(m.message_id for m in batch)
+            else:
+                idle += 1
+        return rollbacks
+
+    with ThreadPoolExecutor(4) as pool:
+        rollbacks = sum(pool.map(lambda _: reader(), range(4)))
+    assert rollbacks >= 20
+    assert is_enabled(broker)
+    assert len(processed) == len(set(processed)) == 2_000
+    with broker.transaction() as tx:
+        assert tx.receive("q_n") == []  # no BROKER_QUEUE_DISABLED was raised
+
+
+@pytest.mark.parametrize("pass_in_between", [False, True])
+def test_T_PM_01_the_count_does_not_depend_on_when_it_is_resolved(
+        watched: App, pass_in_between: bool) -> None:
+    """Four rollbacks, a commit by a transaction that took its xid before them (a group lock)
+    but received after them, a fifth rollback: the commit broke the streak, whether or not a
+    worker pass resolved the first four before it. Before, without the pass, the commit was
+    counted first (by xid) and the five rollbacks disabled the queue."""
+    broker = watched.broker
+    poisoned = target_handle(broker, fill(watched, 1))
+    other = target_handle(broker, fill(watched, 1))
+    worker = BrokerWorker(broker, activation=False)
+    with psycopg.connect(broker.dsn) as late_conn:
+        late = broker.session(late_conn)
+        late_conn.execute("SELECT pg_current_xact_id()")  # its xid, before the rollbacks
+        for _ in range(4):
+            rollback_unreported(broker, poisoned)
+        if pass_in_between:
+            worker.run_once()
+        assert late.receive("q_t", 1, conversation_handle=other)
+        late_conn.commit()
+    rollback_unreported(broker, poisoned)
+    worker.run_once()
+    assert is_enabled(broker)
+    assert count(broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                         " WHERE name = 'q_t'") == 1
+
+
+def rollback_unreported(broker: Broker, handle: uuid.UUID) -> None:
+    """A reader that receives and rolls back without resolving it, as a killed one: only a
+    worker pass counts it."""
+    with psycopg.connect(broker.dsn) as conn:
+        assert broker.session(conn).receive("q_t", 1, conversation_handle=handle)
+        conn.rollback()

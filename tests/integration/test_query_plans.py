@@ -1,0 +1,223 @@
+"""The broker's statements read about what they return, whatever else waits and whatever
+statistics their session planned with.
+
+PostgreSQL caches a session's generic plans (its foreign-key checks' plans too) until the next
+ANALYZE: sequential scans chosen for a table of one page, or a bitmap and a sort chosen for a
+queue analyzed while empty, then read the whole table or backlog on every call as it grows.
+And a statement that groups, or tries a lock on, every row ahead of what it takes costs as much
+as the backlog, on every call."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+
+from airflow_broker import END_DIALOG, Broker
+from tests.support.brokers import App, Pair
+
+GROWING = ("endpoints", "dialog_groups", "queue_messages")
+
+
+def _sequential_scans(conn: psycopg.Connection) -> dict[str, int]:
+    """Sequential scans of the growing tables in the current transaction so far."""
+    rows = conn.execute(
+        "SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'broker' AND relname = ANY(%s) AND seq_scan > 0",
+        [list(GROWING)]).fetchall()
+    return {name: scans for name, scans in rows}
+
+
+def test_dialogs_read_growing_tables_by_index_after_an_analyze_of_empty_tables(
+        app: App) -> None:
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.endpoints, broker.dialog_groups,"
+                     " broker.queue_messages")
+    # New sessions, which plan every statement from here on.
+    with Broker(app.broker.dsn, max_connections=1) as broker:
+        def dialog() -> list[dict[str, int]]:
+            scans = []
+            with broker.transaction() as tx:
+                handle = tx.begin_dialog("I", "T", "C")
+                tx.send(handle, "Req", b"request")
+                scans.append(_sequential_scans(tx.conn))
+            with broker.transaction() as tx:
+                (request,) = tx.receive("q_t")
+                tx.send(request.conversation_handle, "Resp", b"reply")
+                tx.end_conversation(request.conversation_handle)
+                scans.append(_sequential_scans(tx.conn))
+            with broker.transaction() as tx:
+                messages = tx.receive("q_i")
+                assert [m.message_type_name for m in messages] == ["Resp", END_DIALOG]
+                tx.end_conversation(messages[0].conversation_handle)
+                scans.append(_sequential_scans(tx.conn))
+            return scans
+
+        # Enough dialogs for the cached plans to be generic ones and the tables to outgrow a
+        # page (a target endpoint stays CLOSED after its END).
+        for _ in range(150):
+            dialog()
+        assert dialog() == [{}, {}, {}]
+
+
+def _rows_read(conn: psycopg.Connection, table: str = "queue_messages") -> int:
+    """Rows of a broker table read in the current transaction so far, by sequential scans and
+    through its indexes (a parallel scan's workers count apart: a lower bound then)."""
+    row = conn.execute(
+        "SELECT seq_tup_read + idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'broker' AND relname = %s", [table]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_receive_reads_what_it_takes_whatever_else_waits(app: App) -> None:
+    # 20,000 messages wait in one conversation; RECEIVE takes five of another one. Its cached
+    # generic plan must not read the table's other rows: a plan that joined the taken rows
+    # instead of looking them up read every row through the primary key on each RECEIVE.
+    crowd, few = app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        for _ in range(20):
+            tx.send_many(crowd, "Req", [b"waiting"] * 1_000)
+        tx.send_many(few, "Req", [b"taken"] * 5)
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.queue_messages")
+        target = conn.execute("SELECT conversation_handle FROM broker.endpoints"
+                              " WHERE far_handle = %s", [few]).fetchone()
+    assert target is not None
+    with app.broker.transaction() as tx:
+        before = _rows_read(tx.conn)
+        taken = tx.receive("q_t", conversation_handle=target[0])
+        read = _rows_read(tx.conn) - before
+    assert [m.text() for m in taken] == ["taken"] * 5
+    assert read < 100
+
+
+def test_receive_passes_over_a_locked_group_without_trying_each_message(app: App) -> None:
+    # 2,000 messages of one conversation come first, and another reader holds their group: a
+    # RECEIVE tries that group's lock a few times, not once per message, before it takes the
+    # next group.
+    crowd, other = app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send_many(crowd, "Req", [b"crowd"] * 2_000)
+        tx.send(other, "Req", b"other")
+    with psycopg.connect(app.broker.dsn) as holder:
+        held = app.broker.session(holder).receive("q_t", top=1)
+        assert [m.text() for m in held] == ["crowd"]
+        with app.broker.transaction() as tx:
+            before = _rows_read(tx.conn, "dialog_groups")
+            taken = tx.receive("q_t")
+            tried = _rows_read(tx.conn, "dialog_groups") - before
+        holder.rollback()
+    assert [m.text() for m in taken] == ["other"]
+    assert tried < 50  # (2,001 when each message tried its group)
+
+
+def _index_entries_read(conn: psycopg.Connection) -> int:
+    """Entries of queue_messages' indexes read in the current transaction so far (bitmap scans
+    included, which fetch no row one by one)."""
+    row = conn.execute(
+        "SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0)"
+        " FROM pg_index WHERE indrelid = 'broker.queue_messages'::regclass").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_receive_reads_a_long_conversation_from_its_head_after_an_analyze_while_empty(
+        app: App) -> None:
+    # A queue that was emptied and analyzed (no rows, no pages left) made the cached plan read
+    # the whole group through a bitmap and sort it, on every RECEIVE of a conversation that
+    # then grew long: 30-50 ms for TOP(100) behind 100,000 messages. One message empties it: a
+    # VACUUM whose horizon a concurrent snapshot (an autovacuum's ANALYZE) holds back leaves its
+    # dead index entries in RECEIVE's way, which must stay far below the bound.
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(handle, "Req", b"first")
+    with app.broker.transaction() as tx:
+        assert len(tx.receive("q_t")) == 1
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.queue_messages, broker.dialog_groups")
+    with Broker(app.broker.dsn, max_connections=1) as broker:
+        with broker.transaction() as tx:
+            for _ in range(10):
+                tx.send_many(handle, "Req", [b"long"] * 5_000)
+        with broker.transaction() as tx:
+            before = _index_entries_read(tx.conn)
+            taken = tx.receive("q_t", top=10)
+            read = _index_entries_read(tx.conn) - before
+    assert [m.text() for m in taken] == ["long"] * 10
+    assert read < 200  # (50,011 when the group was read through a bitmap)
+
+
+def test_peek_passes_over_a_locked_group_without_trying_each_message(app: App) -> None:
+    # The Airflow trigger's peek, on every poll, behind a group another reader holds: it tries
+    # the held group's lock a few times (2,001 when it tried it once per message) and still
+    # returns the free groups' messages in RECEIVE order.
+    crowd, first, second = app.dialog(), app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send_many(crowd, "Req", [b"crowd"] * 2_000)
+        tx.send(first, "Req", b"first")
+        tx.send(second, "Req", b"second")
+    peek = "SELECT message_body FROM broker.airflow_peek('q_t', %s)"
+    with psycopg.connect(app.broker.dsn) as holder:
+        held = app.broker.session(holder).receive("q_t", top=1)
+        assert [m.text() for m in held] == ["crowd"]
+        with app.broker.transaction() as tx:
+            before = _rows_read(tx.conn, "dialog_groups")
+            peeked = tx.conn.execute(peek, [2]).fetchall()
+            tried = _rows_read(tx.conn, "dialog_groups") - before
+            assert tx.conn.execute(peek, [0]).fetchall() == []
+        holder.rollback()
+    assert [bytes(body) for (body,) in peeked] == [b"first", b"second"]
+    assert tried < 50
+    with app.broker.transaction() as tx:
+        assert [bytes(body) for (body,) in tx.conn.execute(peek, [1])] == [b"crowd"]
+
+
+def _backlog_for_another_broker(pair: Pair) -> uuid.UUID:
+    """A dialog to the other broker with 20,000 messages waiting for the transport."""
+    pair.routes()
+    handle = pair.dialog()
+    with pair.a.transaction() as tx:
+        for _ in range(20):
+            tx.send_many(handle, "Req", [b"waiting"] * 1_000)
+    return handle
+
+
+def test_send_to_another_broker_reads_one_row_of_its_conversations_backlog(pair: Pair) -> None:
+    # 20,000 messages of the conversation wait for the transport: a SEND behind them reads the
+    # last one for the conversation's schedule (the maximum over the backlog took 60 ms behind
+    # 200,000).
+    handle = _backlog_for_another_broker(pair)
+    with pair.a.transaction() as tx:
+        before = _rows_read(tx.conn, "transmissions")
+        tx.send(handle, "Req", b"one more")
+        read = _rows_read(tx.conn, "transmissions") - before
+    assert read < 50
+
+
+def test_transport_step_reads_about_what_it_sends(pair: Pair) -> None:
+    # One conversation's 20,000 messages come first, then 50 conversations of one message: a
+    # step of 100 takes them from the first conversation, in order, without grouping the whole
+    # transmission queue (80 ms a step behind 200,000). A step with room left goes on to the
+    # next conversations in the order their messages became due.
+    crowd = _backlog_for_another_broker(pair)
+    others = [pair.dialog() for _ in range(50)]
+    with pair.a.transaction() as tx:
+        for other in others:
+            tx.send(other, "Req", b"other")
+    with psycopg.connect(pair.a.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.transmissions")
+    step = ("SELECT conversation_handle, message_sequence_number"
+            " FROM broker.outbound_transmissions(%s)")
+    with psycopg.connect(pair.a.dsn) as conn:
+        before = _rows_read(conn, "transmissions")
+        batch = conn.execute(step, [100]).fetchall()
+        read = _rows_read(conn, "transmissions") - before
+        assert batch == [(crowd, n) for n in range(100)]
+        assert read < 500
+        conn.rollback()
+        conn.execute("DELETE FROM broker.transmissions WHERE conversation_handle = %s",
+                     [crowd])
+        batch = conn.execute(step, [10]).fetchall()
+        assert batch == [(other, 0) for other in others[:10]]
+        conn.rollback()

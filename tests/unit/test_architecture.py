@@ -1,0 +1,120 @@
+"""The package's structure, as docs/architecture.md describes it: the engine needs no Airflow
+(Spark executors and activated readers import it where Airflow must not be imported), the
+import graph has no cycle, and no module grows past a size a reader can hold in mind."""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "airflow_broker"
+# Installed inside airflow_broker; each imports Airflow.
+AIRFLOW_FOLDERS = ("hooks", "operators", "sensors", "triggers", "notifications", "queues")
+# Not engine: the demo's Airflow DAG lives with the demo.
+NOT_ENGINE = (*AIRFLOW_FOLDERS, "demos")
+# The command line runs the demo (lazily: the engine's commands never load it).
+MAY_IMPORT_DEMOS = ("airflow_broker.cli",)
+# Modules allowed past MAX_LINES, and why.
+LONG_MODULES = {
+    "airflow_broker.hooks.broker": "one hook class with the connection form, the engine for "
+                                   "tasks, async connections for triggers and the inbox",
+}
+MAX_LINES = 420
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    # The Airflow folders are linked into the package: walk through the links.
+    found = [Path(folder) / name for folder, _, names in os.walk(PACKAGE, followlinks=True)
+             for name in names if name.endswith(".py")]
+    for path in sorted(found):
+        yield _module_name(path), path
+
+
+def imports(name: str, path: Path) -> Iterator[str]:
+    """Every module ``name`` imports: at module level, inside a function, or for type checking
+    only (a cycle of types is a cycle of meaning all the same)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                yield from (alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[:len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                yield base
+                # "from package import module" imports the module
+                yield from (f"{base}.{alias.name}" for alias in child.names)
+            else:
+                yield from visit(child)
+
+    yield from visit(ast.parse(path.read_text(), str(path)))
+
+
+def graph() -> dict[str, set[str]]:
+    known = dict(modules())
+    return {name: {m for m in imports(name, path) if m in known and m != name}
+            for name, path in known.items()}
+
+
+def test_the_engine_never_imports_airflow() -> None:
+    """Airflow 3's task supervisor forbids its metadata database to a task's children, and a
+    Spark executor has no Airflow at all: whatever they import must not import Airflow."""
+    offenders = []
+    for name, path in modules():
+        if name.split(".")[1:2] and name.split(".")[1] in NOT_ENGINE:
+            continue
+        for imported in imports(name, path):
+            top = imported.split(".")
+            if top[0] == "airflow_broker" and top[1:2] == ["demos"] and name in MAY_IMPORT_DEMOS:
+                continue
+            if top[0] == "airflow" or (top[0] == "airflow_broker" and top[1:2]
+                                       and top[1] in NOT_ENGINE):
+                offenders.append(f"{name} imports {imported}")
+    assert offenders == []
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    edges = graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges[node]):
+            # A package's __init__ re-exporting its own modules is no cycle: importing the
+            # module imports the package first, by Python's rules, not by a choice of ours.
+            if node.startswith(nxt + "."):
+                continue
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                walk(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("name", [name for name, _ in modules()])
+def test_modules_stay_small(name: str) -> None:
+    path = dict(modules())[name]
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES or name in LONG_MODULES, (
+        f"{name} has {lines} lines: split it, or say in LONG_MODULES why it is one module")
