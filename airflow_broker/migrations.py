@@ -72,13 +72,13 @@ def install(dsn: str, schema: str = DEFAULT_SCHEMA, *, up_to: str | None = None)
             done: dict[str, str] = dict(conn.execute(queries["applied_files"]).fetchall())
             for file in migrations():
                 if file.name not in done:
-                    _apply(conn, queries, file)
+                    apply_file(conn, queries, file)
                     report.applied.append(file.name)
                 if up_to is not None and file.name.startswith(up_to):
                     return report
             for file in functions():
                 if done.get(file.name) != file.checksum:
-                    _apply(conn, queries, file)
+                    apply_file(conn, queries, file)
                     report.applied.append(file.name)
         finally:
             conn.execute(queries["install_unlock"], [schema])
@@ -87,8 +87,10 @@ def install(dsn: str, schema: str = DEFAULT_SCHEMA, *, up_to: str | None = None)
     return report
 
 
-def _apply(conn: psycopg.Connection[tuple[object, ...]], queries: Queries,
-           file: SqlFile) -> None:
+def apply_file(conn: psycopg.Connection[tuple[object, ...]], queries: Queries,
+               file: SqlFile) -> None:
+    """Runs one migration or function file in the schema and records it, in one
+    transaction."""
     log.info("applying %s to schema %s", file.name, queries.schema)
     with conn.transaction():
         conn.execute(queries["set_search_path"])
