@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,3 +119,37 @@ def test_modules_stay_small(name: str) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES or name in LONG_MODULES, (
         f"{name} has {lines} lines: split it, or say in LONG_MODULES why it is one module")
+
+
+def mapped_paths() -> set[str]:
+    """The files and folders docs/architecture.md's map names, as paths from the repository's
+    root (two spaces of indentation per folder level)."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    block = text[text.index("## Map"):]
+    block = block[block.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    paths: set[str] = set()
+    folders: list[str] = []
+    for line in block.splitlines():
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        folders = folders[:depth]
+        names = re.split(r"\s{2,}", line.strip())[0].split()
+        for name in names:
+            paths.add("/".join([*folders, name]).rstrip("/"))
+        if len(names) == 1 and names[0].endswith("/"):
+            folders.append(names[0].rstrip("/"))
+    return paths
+
+
+def test_the_architecture_map_matches_the_tree() -> None:
+    """Every module of the package and of the Airflow folders is on the map, and everything on
+    the map exists."""
+    root = PACKAGE.parent
+    on_map = mapped_paths()
+    modules_in_tree = {str(path.relative_to(root)) for _, path in modules()
+                       if path.name != "__init__.py" or path.parent == PACKAGE}
+    # The Airflow folders appear once, at the top of the repository.
+    modules_in_tree = {m.removeprefix("airflow_broker/") if m.split("/")[1] in AIRFLOW_FOLDERS
+                       else m for m in modules_in_tree}
+    assert modules_in_tree - on_map == set()
+    assert {p for p in on_map if not (root / p).exists()} == set()
