@@ -54,6 +54,7 @@ SPEC: dict[str, Any] = {
     ],
 }
 
+# [START watcher]
 orders = Asset(
     "broker_orders",
     uri="broker://broker_default/OrderQueue",
@@ -63,6 +64,7 @@ orders = Asset(
                                     one_run_per_message=True, poll_interval=5),
     )],
 )
+# [END watcher]
 
 
 @dag(dag_id="broker_orders_setup", schedule=None, start_date=START, catchup=False,

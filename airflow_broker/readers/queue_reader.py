@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 KEPT_EVENTS = 20
 
 
-class RollbackBatch(Exception):
-    """Raised inside the reader to roll the whole batch back (retry and disable strategies)."""
+class _RollbackBatch(Exception):
+    """The poison strategy's Action.ROLL_BACK, carried out: the batch's transaction rolls back.
+    Control flow inside the reader, never raised to a caller, so no BrokerError."""
 
 
 @dataclass
@@ -141,7 +142,7 @@ class QueueReader:
         while time.monotonic() - idle_since < self.config.idle_exit:
             try:
                 got = self.run_batch()
-            except RollbackBatch:
+            except _RollbackBatch:
                 got = True
             except QueueDisabledError as exc:
                 log.error("queue %s is disabled, the reader stops: %s", self.config.queue_name,
@@ -219,7 +220,7 @@ class QueueReader:
                 self._reply(ctx, message, self.handler(message, ctx))
             self.stats.processed += 1
             return True
-        except RollbackBatch:
+        except _RollbackBatch:
             raise
         except Exception as exc:
             return self._failed(ctx, message, exc, traceback.format_exc())
@@ -276,7 +277,7 @@ class QueueReader:
         self._event(message, attempts, exc, action.value)
         if action is Action.ROLL_BACK:
             self.stats.retried += 1
-            raise RollbackBatch(str(exc)) from exc
+            raise _RollbackBatch(str(exc)) from exc
         if action is Action.END_CONVERSATION:
             ctx.end_conversation(message.conversation_handle, error=self.config.error_code,
                                  description=f"{type(exc).__name__}: {exc}"[:3000])
