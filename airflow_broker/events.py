@@ -60,3 +60,12 @@ class EventInstance:
             object_type=text("ObjectType"),
             document=root,
         )
+
+
+def queue_disabled_event(message: Message) -> EventInstance | None:
+    """The BROKER_QUEUE_DISABLED event a message carries; None for any other message."""
+    try:
+        event = EventInstance.from_message(message)
+    except ValueError:
+        return None
+    return event if event.event_type == BROKER_QUEUE_DISABLED else None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import PokeReturnValue
 
 from airflow_broker.admin.enable_queue import queue_status
-from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
+from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance, queue_disabled_event
 from airflow_broker.hooks.broker import BrokerHook, message_from_dict
 from airflow_broker.messages import EVENT_NOTIFICATION
 from airflow_broker.operators.setup import apply_spec
@@ -153,13 +153,8 @@ class QueueDisabledSensor(BrokerWaitSensor):
         watched = set(self._watched())
         for row in rows:
             message = message_from_dict(row)
-            if message.message_type_name != EVENT_NOTIFICATION:
-                continue
-            try:
-                event = EventInstance.from_message(message)
-            except ValueError:
-                continue
-            if event.event_type != BROKER_QUEUE_DISABLED:
+            event = queue_disabled_event(message)
+            if event is None:
                 continue
             with hook.transaction() as tx:
                 found = tx.run(tx.queries["disabled_queue_of_event"],

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
+from airflow_broker.events import EventInstance, queue_disabled_event
 from airflow_broker.hooks.broker import BrokerHook
 from airflow_broker.messages import EVENT_NOTIFICATION
 from airflow_broker.queries import Queries
@@ -230,11 +230,8 @@ class QueueDisabledTrigger(WaitForReceiveTrigger):
         wanted_ids = {queue_id for queue_id in ids.values() if queue_id is not None}
         for message in await peek(conn, schema, self.queue_name, limit=self.limit,
                                   message_type_names=[EVENT_NOTIFICATION]):
-            try:
-                event = EventInstance.from_message(message)
-            except ValueError:
-                continue
-            if event.event_type != BROKER_QUEUE_DISABLED:
+            event = queue_disabled_event(message)
+            if event is None:
                 continue
             if self.queue_names and event.object_id not in wanted_ids and not (
                     event.object_name and event.object_name in self.queue_names):
