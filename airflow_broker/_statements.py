@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 
-from airflow_broker.errors import InvalidObjectName, translate
+from airflow_broker.errors import InvalidObjectName, PoisonDetectionUnavailable, translate
 from airflow_broker.messages import Message
 from airflow_broker.poison.detection import SideChannel
 from airflow_broker.queries import Queries
@@ -47,6 +47,8 @@ class Shared:
         self._message_types: dict[str, MessageTypeInfo | None] = {}
         self._queue_ids: dict[str, int] = {}
         self._lock = threading.Lock()
+        # Whether this Broker's role may record receives for poison detection (checked once).
+        self._can_record = False
 
     def message_type_info(self, runner: StatementRunner, name: str) -> MessageTypeInfo | None:
         with self._lock:
@@ -76,6 +78,21 @@ class Shared:
         with self._lock:
             self._queue_ids[queue_name] = int(found)
         return int(found)
+
+    def check_poison_record(self, runner: StatementRunner) -> None:
+        """Refuses a RECEIVE whose rollback could not be counted: the record is written on the
+        side connection, where a missing grant would only be logged and poison detection
+        would be off for this reader without anyone knowing."""
+        if self._can_record:
+            return
+        role, allowed = runner.run(self.queries["poison_record_allowed"])[0]
+        if not allowed:
+            raise PoisonDetectionUnavailable(
+                f"The role '{role}' cannot record its receiving transactions for "
+                "poison-message detection (it needs EXECUTE on register_receive, and INSERT "
+                "and UPDATE on receive_log): a RECEIVE it rolled back would not count. Grant "
+                "them, or turn POISON_MESSAGE_HANDLING off for the queue.")
+        self._can_record = True
 
     def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],
                          backend_pid: int) -> None:
@@ -137,6 +154,7 @@ class StatementRunner:
             return
         self.received_queues.add(queue_id)
         if poison_handling:
+            self.shared.check_poison_record(self)
             self.shared.register_receive(queue_id, xid, [m.message_id for m in messages],
                                          self._conn.info.backend_pid)
 

@@ -344,6 +344,11 @@ class QuarantineSettled(InvalidState, number=50111):
     """Replay or discard of a quarantined message already replayed or discarded."""
 
 
+class PoisonDetectionUnavailable(InvalidState, number=50124):
+    """RECEIVE by a role that cannot record its receiving transactions for poison-message
+    detection (the RECEIVE rolls back with the caller's transaction)."""
+
+
 class QuarantineConversationClosed(InvalidState, number=50112):
     """Replay of a quarantined message whose conversation can no longer receive."""
 

@@ -10,12 +10,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 
 from airflow_broker import Broker, BrokerError, QueueDisabledError
+from airflow_broker.errors import PoisonDetectionUnavailable
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
 from airflow_broker.messages import EVENT_NOTIFICATION
 from airflow_broker.worker import BrokerWorker
@@ -275,3 +277,46 @@ def rollback_unreported(broker: Broker, handle: uuid.UUID) -> None:
     with psycopg.connect(broker.dsn) as conn:
         assert broker.session(conn).receive("q_t", 1, conversation_handle=handle)
         conn.rollback()
+
+
+@pytest.fixture
+def reader_role(app: App) -> Iterator[str]:
+    """A login-less role with every right on the broker's tables except recording receives
+    (INSERT and UPDATE on receive_log); dropped afterwards (roles outlive databases)."""
+    role = f"reader_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role}")
+        conn.execute(f"GRANT USAGE ON SCHEMA broker TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA broker"
+                     f" TO {role}")
+        conn.execute(f"GRANT USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA broker TO {role}")
+        conn.execute(f"REVOKE INSERT, UPDATE ON broker.receive_log FROM {role}")
+    try:
+        yield role
+    finally:
+        with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_reader_that_cannot_record_its_receives_is_refused(app: App, reader_role: str) -> None:
+    """Without the grants that record a receiving transaction, RECEIVE fails with 50124 and
+    its transaction rolls back: poison detection is never off for a reader without anyone
+    knowing. With them, the same reader's rollbacks count."""
+    fill(app, 2)
+    with Broker(app.broker.dsn, role=reader_role) as reader:
+        with pytest.raises(PoisonDetectionUnavailable, match=reader_role) as refused, \
+                reader.transaction() as tx:
+            tx.receive("q_t", 1)
+        assert refused.value.number == 50124
+        assert count(app.broker, "SELECT count(*) FROM broker.queue_messages m"
+                                 " JOIN broker.queues q ON q.object_id = m.queue_id"
+                                 " WHERE q.name = 'q_t' AND m.status = 1") == 2
+        with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+            conn.execute(f"GRANT INSERT, UPDATE ON broker.receive_log TO {reader_role}")
+    # A Broker checks once: a new one sees the grant.
+    with Broker(app.broker.dsn, role=reader_role) as reader:
+        fail_once(reader)
+        BrokerWorker(app.broker).run_once()
+    assert count(app.broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                             " WHERE name = 'q_t'") == 1

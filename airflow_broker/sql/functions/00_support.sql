@@ -108,6 +108,7 @@ INSERT INTO error_messages (error_number, text) VALUES
     (50111, 'The quarantined message %s cannot be replayed or discarded: it is already %s.'),
     (50112, 'The quarantined message %s cannot be replayed: its conversation %s can no longer receive (endpoint state %s).'),
     (50123, 'The broker spec is not valid: %s'),
+    (50124, 'The role ''%s'' cannot record its receiving transactions for poison-message detection (it needs EXECUTE on register_receive, and INSERT and UPDATE on receive_log): a RECEIVE it rolled back would not count. Grant them, or turn POISON_MESSAGE_HANDLING off for the queue.'),
     (50122, 'The message body of %s bytes is larger than the maximum message size of %s bytes.'),
     (50121, 'The queue name ''%s'' contains a period, which separates a schema from a queue name; choose a name without one.'),
     (50120, 'These messages are not in the Airflow inbox: %s. They were acknowledged (BrokerHook.ack), purged, or come from another broker; nothing was consumed.'),

@@ -163,3 +163,11 @@ ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now(
 
 -- schema_migrations_exists --
 SELECT to_regclass(%s) IS NOT NULL
+
+-- poison_record_allowed --
+-- Whether this role can record its receiving transactions for poison-message detection, as
+-- register_receive() does on the side connection, where a refusal could only be logged.
+SELECT current_user::text,
+       has_function_privilege('{schema}.register_receive(integer, xid8, uuid[], integer)',
+                              'EXECUTE')
+       AND has_table_privilege('{schema}.receive_log', 'INSERT, UPDATE')
