@@ -2,14 +2,19 @@
 
 A queue's activation target (its PROCEDURE_NAME) is either a Python callable given by import
 path, ``package.module:function``, called with an ``ActivationContext``, or a command line,
-started with the queue, DSN, schema and role in its environment (AIRFLOW_BROKER_QUEUE,
-AIRFLOW_BROKER_DSN, AIRFLOW_BROKER_SCHEMA, AIRFLOW_BROKER_ROLE, AIRFLOW_BROKER_TASK_ID). Like
+started with the queue, its DSN and the schema in its environment (AIRFLOW_BROKER_QUEUE,
+AIRFLOW_BROKER_DSN, AIRFLOW_BROKER_SCHEMA, AIRFLOW_BROKER_TASK_ID). Like
 an activated stored procedure, a reader RECEIVEs until the queue stays empty for a while, then
 returns; the queue monitor starts readers again while messages remain.
 
-EXECUTE AS a role name runs the reader's statements under SET ROLE; SELF and OWNER run as the
-broker's own login. Every reader's start, end, outcome, messages and error go to
-``activation_log``.
+EXECUTE AS a role name runs the reader as that role by authenticating as it: its DSN is the
+worker's with the role as the user and without the worker's password or client certificate, so
+libpq finds the role's own credentials (a password file, PGPASSFILE, or the server's
+authentication rules). A reader that could undo a SET ROLE could become the worker's login;
+one that logged in as its role cannot. SELF and OWNER run as the broker's own login. A reader's
+environment is the worker's minus every credential: only the variables of READER_ENVIRONMENT
+and of AIRFLOW_BROKER_READER_ENV pass. Every reader's start, end, outcome, messages and error
+go to ``activation_log``.
 
 The worker starts only targets of its own list (``airflow-broker worker --activation-target
 PATTERN``, or AIRFLOW_BROKER_ACTIVATION_TARGETS), kept outside the database: the right to
@@ -33,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker.broker import Broker
 from airflow_broker.callables import load_callable
@@ -82,10 +88,41 @@ def activation_command(procedure: str) -> list[str]:
 
 
 def role_for(execute_as: str | None) -> str | None:
-    """The role to SET for EXECUTE AS (SELF and OWNER: the broker's own login)."""
+    """The role a reader logs in as for EXECUTE AS (SELF and OWNER: the broker's own login)."""
     if execute_as is None or execute_as.upper() in ("SELF", "OWNER", "CALLER"):
         return None
     return execute_as
+
+
+# What identifies the worker's own login in a DSN, left out of a reader's.
+_WORKER_CREDENTIALS = ("password", "sslkey", "sslcert", "sslpassword", "sslcertmode")
+# The variables a reader process gets from the worker's environment: what a program needs to
+# run, and libpq's settings that say where credentials are, never credentials themselves.
+READER_ENVIRONMENT = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHONPATH",
+                     "VIRTUAL_ENV", "PGPASSFILE", "PGSSLROOTCERT", "PGSSLMODE",
+                     "PGCONNECT_TIMEOUT", "PGAPPNAME")
+READER_ENV_VARIABLE = "AIRFLOW_BROKER_READER_ENV"
+
+
+def reader_dsn(dsn: str, role: str | None) -> str:
+    """The DSN a reader of ``role`` connects with: the worker's server and database, the role
+    as the user, none of the worker's credentials. Without a role, the worker's own."""
+    if role is None:
+        return dsn
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if k not in _WORKER_CREDENTIALS}
+    params["user"] = role
+    return make_conninfo("", **params)
+
+
+def reader_environment(extra: dict[str, str]) -> dict[str, str]:
+    """The worker's environment as a reader gets it: the names of READER_ENVIRONMENT, the
+    LC_* locale settings, the names listed in AIRFLOW_BROKER_READER_ENV, then ``extra``."""
+    passed = set(READER_ENVIRONMENT) | {
+        name.strip() for name in os.environ.get(READER_ENV_VARIABLE, "").split(",")
+        if name.strip()}
+    env = {name: value for name, value in os.environ.items()
+           if name in passed or name.startswith("LC_")}
+    return {**env, **extra}
 
 
 @dataclass
@@ -168,14 +205,12 @@ class ActivationManager:
                queue_name: str, procedure: str, execute_as: str | None) -> bool:
         """Starts one reader; False when it could not be started (recorded as aborted)."""
         task_id = uuid.uuid4()
-        env = {
-            **os.environ,
-            "AIRFLOW_BROKER_DSN": self.broker.dsn,
+        env = reader_environment({
+            "AIRFLOW_BROKER_DSN": reader_dsn(self.broker.dsn, role_for(execute_as)),
             "AIRFLOW_BROKER_SCHEMA": self.broker.schema,
             "AIRFLOW_BROKER_QUEUE": queue_name,
             "AIRFLOW_BROKER_TASK_ID": str(task_id),
-            "AIRFLOW_BROKER_ROLE": role_for(execute_as) or "",
-        }
+        })
         try:
             if not target_allowed(procedure, self.targets):
                 raise PermissionError(
@@ -217,7 +252,6 @@ def run_reader(target: str) -> int:
     task_id = uuid.UUID(os.environ["AIRFLOW_BROKER_TASK_ID"])
     broker = Broker(os.environ["AIRFLOW_BROKER_DSN"],
                     schema=os.environ.get("AIRFLOW_BROKER_SCHEMA") or None,
-                    role=os.environ.get("AIRFLOW_BROKER_ROLE") or None,
                     application_name=f"airflow-broker-reader {queue_name}"[:63])
     outcome, error, code = "ended", None, 0
     try:

@@ -206,7 +206,8 @@ def test_T_AC_04_status_changes_and_execute_as(
     role = f"reader_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(broker.dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
-        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        # A reader logs in as its role.
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         for statement in (
             "GRANT USAGE ON SCHEMA broker, public TO {}",
             "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
@@ -230,6 +231,49 @@ def test_T_AC_04_status_changes_and_execute_as(
             log = conn.execute("SELECT execute_as, outcome FROM broker.activation_log").fetchall()
         assert identity and {r for (r,) in identity} == {role}
         assert log[0] == (role, "ended")
+    finally:
+        with psycopg.connect(broker.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_an_activated_reader_logs_in_as_its_role_without_the_workers_secrets(
+    activation_app: App, manager: ActivationManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EXECUTE AS a role: the reader authenticates as the role (RESET ROLE leaves it the role,
+    and it cannot SET ROLE to the worker's login), and none of the worker's credentials reach
+    its environment."""
+    broker = activation_app.broker
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("PGPASSWORD", "worker-secret-1")
+    monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", "postgresql://etl:worker-secret-2@db/warehouse")
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.reader_credentials (current_role_name text,"
+                     " session_role_name text, escalation text, secrets text[], messages int)")
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        for statement in (
+            "GRANT USAGE ON SCHEMA broker, public TO {}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA broker TO {}",
+        ):
+            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
+    try:
+        with broker.transaction() as tx:
+            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1, execute_as=role,
+                           activation_procedure="tests.support.activation_readers:"
+                                                "credentials_check")
+        fill(activation_app, 2)
+        assert manager.step() == 1
+        wait_until(lambda: all_exited(manager), "the reader to finish")
+        manager.step()
+        with psycopg.connect(broker.dsn) as conn:
+            rows = conn.execute("SELECT * FROM public.reader_credentials").fetchall()
+            log = conn.execute("SELECT outcome FROM broker.activation_log").fetchall()
+        assert log == [("ended",)]
+        ((current, session, escalation, secrets, messages),) = rows
+        assert (current, session) == (role, role)
+        assert escalation.startswith("refused")
+        assert secrets == [] and messages >= 1
     finally:
         with psycopg.connect(broker.dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))

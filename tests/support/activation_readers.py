@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
+import psycopg
 from psycopg import sql
 
 from airflow_broker import Transaction
@@ -76,3 +78,23 @@ def hold_group(ctx: ActivationContext) -> None:
             _record(ctx, tx, [m.message_id for m in messages])
             if messages:
                 time.sleep(2.0)
+
+
+def credentials_check(ctx: ActivationContext) -> None:
+    """Records who the reader is, whether it can become another role, and which of the
+    worker's secrets reached its environment."""
+    secrets = sorted(name for name, value in os.environ.items()
+                     if "worker-secret" in value or name.startswith("AIRFLOW_CONN_")
+                     or name == "PGPASSWORD")
+    with psycopg.connect(os.environ["AIRFLOW_BROKER_DSN"], autocommit=True) as conn:
+        conn.execute("RESET ROLE")
+        current, session = conn.execute("SELECT current_user, session_user").fetchone() or ("", "")
+        try:
+            conn.execute("SET ROLE postgres")
+            escalated = "postgres"
+        except psycopg.Error as exc:
+            escalated = f"refused: {exc.sqlstate}"
+    with ctx.broker.transaction() as tx:
+        messages = tx.receive(ctx.queue_name)
+        tx.run(sql.SQL("INSERT INTO public.reader_credentials VALUES (%s, %s, %s, %s, %s)"),
+               [current, session, escalated, secrets, len(messages)])
