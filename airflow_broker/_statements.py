@@ -158,6 +158,13 @@ class StatementRunner:
             self.shared.register_receive(queue_id, xid, [m.message_id for m in messages],
                                          self._conn.info.backend_pid)
 
+    def expect_receive(self, queue_name: str) -> None:
+        """Registers this transaction for poison-message detection before code this process
+        does not see receives in it (an activated PostgreSQL procedure): if it rolls back, it
+        counts as a rolled-back receive of the queue."""
+        queue_id = self.shared.queue_id(self, queue_name)
+        self.received_from(queue_id, self.scalar(self.queries["current_xid"]), [], True)
+
     def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
         """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the
         text stays identical and psycopg prepares it after a few calls."""

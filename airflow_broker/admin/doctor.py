@@ -18,6 +18,7 @@ from airflow_broker.messages import MAX_MESSAGE_SIZE
 from airflow_broker.queries import Queries
 from airflow_broker.redaction import redact
 from airflow_broker.worker.activation import activation_command, is_python_target, load_target
+from airflow_broker.worker.procedures import is_procedure_target
 from airflow_broker.worker.transport import resolve_address
 
 ERROR = "error"
@@ -132,7 +133,13 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                           "activation is on with MAX_QUEUE_READERS = 0: nothing is ever started "
                           "(warning 9648)",
                           "ALTER QUEUE ... WITH ACTIVATION (MAX_QUEUE_READERS = n)")
-        if procedure and is_python_target(procedure):
+        if procedure and is_procedure_target(procedure):
+            if not _rows(conn, "doctor_procedure_exists", schema, (procedure,)):
+                yield Finding(ERROR if enabled else WARNING, "activation", name,
+                              f"the activation procedure {procedure!r} is no PostgreSQL "
+                              "procedure without arguments in this database",
+                              f"CREATE PROCEDURE {procedure}() ..., or correct PROCEDURE_NAME")
+        elif procedure and is_python_target(procedure):
             try:
                 load_target(procedure)
             except Exception as exc:

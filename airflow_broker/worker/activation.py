@@ -1,7 +1,8 @@
 """Internal activation: starting queue readers as separate processes.
 
-A queue's activation target (its PROCEDURE_NAME) is either a Python callable given by import
-path, ``package.module:function``, called with an ``ActivationContext``, or a command line,
+A queue's activation target (its PROCEDURE_NAME) is a Python callable given by import path,
+``package.module:function``, called with an ``ActivationContext``; a PostgreSQL procedure,
+``schema.procedure`` (airflow_broker.worker.procedures); or a command line,
 started with the queue, its DSN and the schema in its environment (AIRFLOW_BROKER_QUEUE,
 AIRFLOW_BROKER_DSN, AIRFLOW_BROKER_SCHEMA, AIRFLOW_BROKER_TASK_ID). Like
 an activated stored procedure, a reader RECEIVEs until the queue stays empty for a while, then
@@ -42,6 +43,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker.broker import Broker
 from airflow_broker.callables import load_callable
+from airflow_broker.worker.procedures import drain_with_procedure, is_procedure_target
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ def load_target(target: str) -> Callable[[ActivationContext], object]:
 
 def activation_command(procedure: str) -> list[str]:
     """The command line that starts a reader; ValueError for one that cannot be parsed."""
-    if is_python_target(procedure):
+    if is_python_target(procedure) or is_procedure_target(procedure):
         return [sys.executable, "-m", "airflow_broker.worker.activation", procedure]
     command = shlex.split(procedure)
     if not command:
@@ -212,10 +214,16 @@ class ActivationManager:
             "AIRFLOW_BROKER_TASK_ID": str(task_id),
         })
         try:
-            if not target_allowed(procedure, self.targets):
+            # A PostgreSQL procedure runs in the database as its EXECUTE AS role, not on this
+            # machine: it needs no place on the list, but a role it is (never the worker's
+            # login, or creating a procedure and a queue would run code with the worker's
+            # rights).
+            in_database = is_procedure_target(procedure) and role_for(execute_as) is not None
+            if not in_database and not target_allowed(procedure, self.targets):
                 raise PermissionError(
                     f"{procedure!r} is not among the worker's activation targets (start the "
-                    f"worker with --activation-target, or set {TARGETS_VARIABLE})")
+                    f"worker with --activation-target, or set {TARGETS_VARIABLE}; a "
+                    "PostgreSQL procedure runs without it under EXECUTE AS a role)")
             process = subprocess.Popen(activation_command(procedure), env=env)
         except (OSError, ValueError) as exc:
             # A procedure that cannot or may not start (no such program, an unbalanced quote,
@@ -245,7 +253,8 @@ class ActivationManager:
 
 
 def run_reader(target: str) -> int:
-    """Body of an activated Python reader process."""
+    """Body of an activated reader process: a Python callable, or a PostgreSQL procedure
+    called until the queue stays empty."""
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s activated reader: %(message)s")
     queue_name = os.environ["AIRFLOW_BROKER_QUEUE"]
@@ -255,7 +264,10 @@ def run_reader(target: str) -> int:
                     application_name=f"airflow-broker-reader {queue_name}"[:63])
     outcome, error, code = "ended", None, 0
     try:
-        load_target(target)(ActivationContext(broker, queue_name, task_id))
+        if is_procedure_target(target):
+            drain_with_procedure(broker, queue_name, target)
+        else:
+            load_target(target)(ActivationContext(broker, queue_name, task_id))
     except Exception:
         outcome, error, code = "aborted", traceback.format_exc(), 1
         log.error("reader of queue %s failed:\n%s", queue_name, error)
@@ -272,7 +284,7 @@ def run_reader(target: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="run one activated queue reader")
-    parser.add_argument("target", help="package.module:function")
+    parser.add_argument("target", help="package.module:function, or schema.procedure")
     return run_reader(parser.parse_args(argv).target)
 
 

@@ -22,7 +22,7 @@ from airflow_broker.worker.activation import TARGETS_VARIABLE, ActivationManager
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(autouse=True)
@@ -463,3 +463,131 @@ def test_a_procedure_off_the_workers_list_never_runs(activation_app: App,
     assert "airflow_broker.demos.trading:book_trade" in findings["q_py"].problem
     assert "--activation-target" in findings["q_py"].fix
     assert count(broker, "SELECT count(*) FROM broker.queue_messages") == 2
+
+
+@pytest.fixture
+def login_role(activation_app: App) -> Iterator[str]:
+    """A role that can log in, with the rights of an application on the broker's tables and
+    on public; dropped afterwards (roles outlive databases)."""
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(activation_app.broker.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        for statement in (
+            "GRANT USAGE ON SCHEMA broker, public TO {}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA broker TO {}",
+        ):
+            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
+    try:
+        yield role
+    finally:
+        with psycopg.connect(activation_app.broker.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+DRAIN_PROCEDURE = """
+CREATE PROCEDURE public.usp_drain() LANGUAGE plpgsql AS $$
+DECLARE
+    m record;
+BEGIN
+    FOR m IN SELECT * FROM broker.receive('q_t', 100, NULL, NULL) LOOP
+        IF convert_from(m.message_body, 'UTF8') = 'poison' THEN
+            RAISE EXCEPTION 'message % cannot be processed', m.message_id;
+        END IF;
+        INSERT INTO public.processed VALUES (m.message_id, gen_random_uuid());
+        INSERT INTO public.reader_identity VALUES (current_user, 1);
+    END LOOP;
+END
+$$
+"""
+
+
+def test_T_AC_a_postgresql_procedure_drains_its_queue_as_its_role(
+    activation_app: App, login_role: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PROCEDURE_NAME = 'public.usp_drain' under EXECUTE AS a role: the worker calls the
+    PL/pgSQL procedure, as the role, until the queue is empty; no place on the worker's list
+    of targets is needed, since nothing runs on the worker's machine."""
+    broker = activation_app.broker
+    monkeypatch.delenv(TARGETS_VARIABLE)
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
+        conn.execute(sql.SQL("GRANT ALL ON public.reader_identity TO {}").format(
+            sql.Identifier(login_role)))
+        conn.execute(DRAIN_PROCEDURE)
+    manager = ActivationManager(broker)
+    try:
+        with broker.transaction() as tx:
+            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                           activation_procedure="public.usp_drain", execute_as=login_role)
+        fill(activation_app, 3, 2)
+        assert manager.step() == 1
+        wait_until(lambda: all_exited(manager), "the procedure's reader to finish")
+        manager.step()
+        assert count(broker, "SELECT count(*) FROM public.processed") == 6
+        assert count(broker, "SELECT count(DISTINCT role_name) FROM public.reader_identity"
+                             " WHERE role_name = %s", (login_role,)) == 1
+        assert count(broker, "SELECT count(*) FROM broker.activation_log"
+                             " WHERE outcome = 'ended' AND execute_as = %s", (login_role,)) == 1
+    finally:
+        manager.stop(timeout=30)
+        manager.close()
+
+
+def test_T_AC_a_failing_procedure_counts_for_poison_detection(
+    activation_app: App, login_role: str
+) -> None:
+    """Each failed CALL rolls back what the procedure received, and counts: five in a row
+    disable the queue, and the reader stops."""
+    broker = activation_app.broker
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
+        conn.execute(sql.SQL("GRANT ALL ON public.reader_identity TO {}").format(
+            sql.Identifier(login_role)))
+        conn.execute(DRAIN_PROCEDURE)
+    manager = ActivationManager(broker)
+    try:
+        with broker.transaction() as tx:
+            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                           activation_procedure="public.usp_drain", execute_as=login_role)
+            handle = tx.begin_dialog("I", "T", "C")
+            tx.send(handle, "Req", "poison")
+        assert manager.step() == 1
+        wait_until(lambda: all_exited(manager), "the procedure's reader to stop")
+        manager.step()
+        assert count(broker, "SELECT count(*) FROM broker.service_queues"
+                             " WHERE name = 'q_t' AND NOT is_receive_enabled") == 1
+        assert count(broker, "SELECT count(*) FROM public.processed") == 0
+        # The poison message is still there, for the administrator to see.
+        assert count(broker, "SELECT count(*) FROM broker.queue_messages"
+                             " WHERE message_body = convert_to('poison', 'UTF8')") == 1
+    finally:
+        manager.stop(timeout=30)
+        manager.close()
+
+
+def test_T_AC_a_procedure_without_a_role_needs_the_workers_list(
+    activation_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A procedure without EXECUTE AS a role would run with the worker's rights: off the
+    worker's list, it is refused and recorded."""
+    broker = activation_app.broker
+    monkeypatch.delenv(TARGETS_VARIABLE)
+    manager = ActivationManager(broker)
+    try:
+        with psycopg.connect(broker.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.reader_identity (role_name text, n integer)")
+            conn.execute(DRAIN_PROCEDURE)
+        with broker.transaction() as tx:
+            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                           activation_procedure="public.usp_drain")
+        fill(activation_app, 1)
+        assert manager.step() == 0
+        with psycopg.connect(broker.dsn) as conn:
+            (error,) = conn.execute("SELECT exception FROM broker.activation_log"
+                                    " WHERE outcome = 'aborted'").fetchone() or ("",)
+        assert "not among the worker's activation targets" in error
+        assert count(broker, "SELECT count(*) FROM public.processed") == 0
+    finally:
+        manager.close()

@@ -117,3 +117,7 @@ SELECT name FROM {schema}.service_defs WHERE lower(name) = lower(%s)
 
 -- doctor_route_back --
 SELECT {schema}.route_address(%s, %s)
+
+-- doctor_procedure_exists --
+-- An activation procedure of the form schema.procedure, as the worker will CALL it.
+SELECT 1 FROM pg_proc WHERE oid = to_regprocedure(%s || '()') AND prokind = 'p'

@@ -171,3 +171,14 @@ SELECT current_user::text,
        has_function_privilege('{schema}.register_receive(integer, xid8, uuid[], integer)',
                               'EXECUTE')
        AND has_table_privilege('{schema}.receive_log', 'INSERT, UPDATE')
+
+-- Activated PostgreSQL procedures (airflow_broker.worker.procedures)
+
+-- current_xid --
+SELECT pg_current_xact_id()::text
+
+-- messages_taken_in_transaction --
+-- Whether this transaction has received anything so far: RECEIVE deletes a message from
+-- queue_messages, or marks it received on a queue with RETENTION.
+SELECT coalesce(sum(n_tup_del + n_tup_upd), 0)::bigint
+FROM pg_stat_xact_user_tables WHERE relid = '{schema}.queue_messages'::regclass
