@@ -15,7 +15,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from airflow_broker.queries import DEFAULT_SCHEMA, Queries
+from airflow_broker.queries import DEFAULT_SCHEMA, Queries, query_texts
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,10 @@ class SqlFile:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
+        """Of the text and of the search_path it runs under, which its functions keep: a
+        change of either applies the file again."""
+        context = query_texts()["set_search_path"]
+        return hashlib.sha256(f"{context}\n{self.text}".encode()).hexdigest()
 
 
 @dataclass

@@ -4,8 +4,10 @@ acknowledgements, duplicates, out-of-order arrivals, back-off, return routes, br
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
+import psycopg
 import pytest
 
 from airflow_broker import Broker, BrokerError
@@ -729,3 +731,35 @@ def test_the_worker_delivers_each_send_when_it_commits_not_at_its_interval(pair:
     assert not thread.is_alive()
     assert [m.text() for m in receive_all(pair.b, "q_t")] == [
         f"{b}:{i}" for b in range(3) for i in range(20)]
+
+
+def test_a_sender_routes_messages_without_reading_route_addresses(pair: Pair) -> None:
+    """A route's address may carry a password: SEND learns only whether a service is local or
+    remote (route_kind, run with its owner's rights), so a sender needs no right to read
+    route_defs or the routes view, and has none here."""
+    pair.routes()
+    role = f"sender_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pair.a.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role}")
+        conn.execute(f"GRANT USAGE ON SCHEMA broker TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA broker"
+                     f" TO {role}")
+        conn.execute(f"GRANT USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA broker TO {role}")
+        conn.execute(f"REVOKE ALL ON broker.route_defs, broker.routes FROM {role}")
+    try:
+        with Broker(pair.a.dsn, role=role) as sender:
+            with sender.transaction() as tx:
+                handle = tx.begin_dialog("I", "T", "C")
+                tx.send(handle, "Req", "<order id='1'/>")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), \
+                    psycopg.connect(pair.a.dsn) as conn:
+                conn.execute(f"SET ROLE {role}")
+                conn.execute("SELECT address FROM broker.route_defs")
+        # Held for the transport, which delivers it.
+        assert [w[:3] for w in tq(pair.a)] == [("T", "I", "C")]
+        assert pair.ta.step().acknowledged == 1
+        assert [m.text() for m in receive_all(pair.b, "q_t")] == ["<order id='1'/>"]
+    finally:
+        with psycopg.connect(pair.a.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

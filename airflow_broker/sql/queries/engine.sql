@@ -154,8 +154,10 @@ SELECT name, checksum FROM {schema}.schema_migrations
 
 -- set_search_path --
 -- Unqualified names in the files resolve to the broker schema, and functions capture this
--- search_path (SET search_path FROM CURRENT), so the schema name stays configurable.
-SET LOCAL search_path TO {schema}
+-- search_path (SET search_path FROM CURRENT), so the schema name stays configurable. pg_temp
+-- goes last: a caller's temporary table must never stand in for a broker table, least of all
+-- in a function that runs with its owner's rights.
+SET LOCAL search_path TO {schema}, pg_temp
 
 -- record_applied_file --
 INSERT INTO {schema}.schema_migrations (name, checksum) VALUES (%s, %s)
