@@ -8,13 +8,15 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any
 
+from airflow_broker.errors import IncorrectSyntax
+
 
 def split_name(name: str, what: str = "handler") -> tuple[str, str]:
     """``package.module:function`` as its module and attribute (``what`` names it in
     errors)."""
     module, _, attribute = name.partition(":")
     if not module or not attribute:
-        raise ValueError(f"{what} {name!r} is not of the form package.module:function")
+        raise IncorrectSyntax(f"{what} {name!r} is not of the form package.module:function")
     return module, attribute
 
 
@@ -24,7 +26,7 @@ def load_callable(target: str | Callable[..., Any], what: str = "handler") -> Ca
     if callable(target):
         return target
     if "." not in target and ":" not in target:
-        raise ValueError(f"{what} {target!r} is not of the form package.module:function")
+        raise IncorrectSyntax(f"{what} {target!r} is not of the form package.module:function")
     obj = pkgutil.resolve_name(target)
     if not callable(obj):
         raise TypeError(f"{what} {target!r} is not callable")

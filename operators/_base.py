@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator
 from lxml import etree
 
 from airflow_broker.dialogs import conversation_handle
+from airflow_broker.errors import HandleIsNull, IncorrectSyntax
 from airflow_broker.hooks.broker import BrokerHook
 from airflow_broker.messages import parse_xml
 
@@ -40,7 +41,8 @@ def renamed(old_name: str, old_value: Any, new_name: str, new_value: Any) -> Any
     if old_value is None:
         return new_value
     if new_value is not None:
-        raise ValueError(f"{old_name} is the deprecated name of {new_name}: give only {new_name}")
+        raise IncorrectSyntax(
+            f"{old_name} is the deprecated name of {new_name}: give only {new_name}")
     warnings.warn(f"{old_name} is deprecated: use {new_name}, as the engine does",
                   BrokerDeprecationWarning, stacklevel=3)
     return old_value
@@ -53,7 +55,7 @@ def to_handle(value: Any) -> uuid.UUID:
     if isinstance(value, Mapping):
         value = value.get("conversation_handle")
     if value is None or str(value).strip() in ("", "None"):
-        raise ValueError("no conversation handle given")
+        raise HandleIsNull("no conversation handle given")
     return conversation_handle(str(value).strip())
 
 
@@ -71,12 +73,12 @@ def encode_body(body: Any, body_format: str = "auto") -> bytes | None:
     element as XML, anything else as JSON. ``json`` and ``xml`` check str bodies (JSON text,
     well-formed XML); ``bytes`` takes str as base64."""
     if body_format not in BODY_FORMATS:
-        raise ValueError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
+        raise IncorrectSyntax(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
     if body is None:
         return None
     if isinstance(body, etree._Element):
         if body_format not in ("auto", "xml"):
-            raise ValueError(f"an XML element cannot be sent as {body_format}")
+            raise IncorrectSyntax(f"an XML element cannot be sent as {body_format}")
         return etree.tostring(body, encoding="utf-8")
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body)

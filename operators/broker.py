@@ -18,6 +18,7 @@ from airflow_broker import Message, Transaction
 from airflow_broker.admin.enable_queue import enable_queue
 from airflow_broker.callables import load_callable
 from airflow_broker.dialogs import MAX_LIFETIME
+from airflow_broker.errors import IncorrectSyntax
 from airflow_broker.hooks.broker import message_to_dict, task_consumer
 
 if TYPE_CHECKING:
@@ -130,9 +131,9 @@ class SendMessageOperator(BrokerBaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         if body_format not in BODY_FORMATS:
-            raise ValueError(f"body_format must be one of {BODY_FORMATS}")
+            raise IncorrectSyntax(f"body_format must be one of {BODY_FORMATS}")
         if conversation_handle is None and not (from_service_name and to_service_name):
-            raise ValueError("give conversation_handle, or from_service_name and "
+            raise IncorrectSyntax("give conversation_handle, or from_service_name and "
                              "to_service_name to begin a dialog")
         if isinstance(body, etree._Element):
             # Serialised now: an element is no template and does not survive DAG serialisation.
@@ -202,7 +203,7 @@ class EndConversationOperator(BrokerBaseOperator):
         description = renamed("error_description", error_description, "description",
                                description)
         if cleanup and (error is not None or description is not None):
-            raise ValueError("WITH CLEANUP and WITH ERROR exclude each other")
+            raise IncorrectSyntax("WITH CLEANUP and WITH ERROR exclude each other")
         self.conversation_handle = conversation_handle
         self.error = error
         self.description = description

@@ -17,6 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 
 import airflow_broker.spark.reader as spark_reader
+from airflow_broker.errors import IncorrectSyntax
 from airflow_broker.hooks.broker import BrokerHook
 from airflow_broker.poison import quarantine
 from airflow_broker.poison.strategies import get_strategy
@@ -138,7 +139,7 @@ class ActivatedReaderOperator(SparkSubmitOperator):
     ) -> None:
         get_strategy(poison_strategy)  # a clear error at parse time for an unknown name
         if python_environment not in ("packed", "cluster"):
-            raise ValueError("python_environment must be packed or cluster")
+            raise IncorrectSyntax("python_environment must be packed or cluster")
         kwargs.setdefault("name", f"broker-reader-{queue_name}")
         conf = {"spark.ui.enabled": "false", **(kwargs.pop("conf", None) or {})}
         super().__init__(application=spark_reader.__file__, conn_id=conn_id,
@@ -306,9 +307,9 @@ class QuarantineOperator(BaseOperator):
                  broker_conn_id: str = BrokerHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if action not in ("replay", "discard"):
-            raise ValueError("action must be replay or discard")
+            raise IncorrectSyntax("action must be replay or discard")
         if quarantine_ids is None and queue_name is None:
-            raise ValueError("give quarantine_ids, or queue_name for all of a queue")
+            raise IncorrectSyntax("give quarantine_ids, or queue_name for all of a queue")
         self.action = action
         self.quarantine_ids = quarantine_ids
         self.queue_name = queue_name

@@ -24,6 +24,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from airflow_broker.errors import IncorrectSyntax
 from airflow_broker.messages import Message
 
 _REGISTRY: dict[str, type[PoisonStrategy]] = {}
@@ -123,6 +124,6 @@ def get_strategy(spec: str | PoisonStrategy) -> PoisonStrategy:
         found = pkgutil.resolve_name(spec)
         if isinstance(found, type) and issubclass(found, PoisonStrategy):
             return found()
-        raise ValueError(f"poison strategy {spec!r} is not a PoisonStrategy subclass")
-    raise ValueError(f"unknown poison strategy {spec!r}; one of {strategy_names()}, "
+        raise IncorrectSyntax(f"poison strategy {spec!r} is not a PoisonStrategy subclass")
+    raise IncorrectSyntax(f"unknown poison strategy {spec!r}; one of {strategy_names()}, "
                      "or package.module:ClassName")

@@ -32,7 +32,7 @@ from typing import Any
 from airflow_broker.broker import Broker
 from airflow_broker.callables import load_callable
 from airflow_broker.dialogs import Body
-from airflow_broker.errors import QueueDisabledError
+from airflow_broker.errors import IncorrectSyntax, QueueDisabledError, ValueOutOfRange
 from airflow_broker.messages import Message
 from airflow_broker.poison.strategies import Action, Failure, PoisonStrategy, get_strategy
 from airflow_broker.readers.runs import AttemptLog, ReaderStats
@@ -67,10 +67,10 @@ class ReaderConfig:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_attempts < 1 or self.retry_delay < 1:
-            raise ValueError("batch_size, max_attempts and retry_delay must be 1 or more")
+            raise ValueOutOfRange("batch_size, max_attempts and retry_delay must be 1 or more")
         poison = get_strategy(self.strategy)
         if self.batch and poison.per_message:
-            raise ValueError(f"{self.strategy} needs a per-message handler")
+            raise IncorrectSyntax(f"{self.strategy} needs a per-message handler")
 
     @property
     def poison(self) -> PoisonStrategy:

@@ -43,6 +43,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker.broker import Broker
 from airflow_broker.callables import load_callable
+from airflow_broker.errors import NameMissing
 from airflow_broker.worker.procedures import drain_with_procedure, is_procedure_target
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def activation_command(procedure: str) -> list[str]:
         return [sys.executable, "-m", "airflow_broker.worker.activation", procedure]
     command = shlex.split(procedure)
     if not command:
-        raise ValueError("the activation procedure is empty")
+        raise NameMissing("the activation procedure is empty")
     return command
 
 
