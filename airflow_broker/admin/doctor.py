@@ -159,6 +159,12 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                               "balanced quotes, or a package.module:function")
 
 
+    for name, role, exists in _rows(conn, "doctor_reader_roles", schema):
+        yield Finding(ERROR, "activation", name,
+                      f"its readers log in as EXECUTE AS role {role!r}, which "
+                      + ("cannot log in" if exists else "does not exist"),
+                      f"CREATE ROLE / ALTER ROLE {role} LOGIN, with its password in the "
+                      "broker worker's PGPASSFILE (or a pg_hba.conf rule for it)")
     # What the worker last did for each activated queue: a procedure it could not or may not
     # start is refused there, every pass, in its log; here it is said once, with the fix.
     for name, error in _rows(conn, "doctor_last_activation", schema):

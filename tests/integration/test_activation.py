@@ -231,6 +231,13 @@ def test_T_AC_04_status_changes_and_execute_as(
             log = conn.execute("SELECT execute_as, outcome FROM broker.activation_log").fetchall()
         assert identity and {r for (r,) in identity} == {role}
         assert log[0] == (role, "ended")
+        assert not [f for f in diagnose(broker).findings if "log in as" in f.problem]
+        # A role that cannot log in leaves the queue's readers failing: doctor says so.
+        with psycopg.connect(broker.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        (finding,) = [f for f in diagnose(broker).findings if "log in as" in f.problem]
+        assert finding.subject == "q_t" and "cannot log in" in finding.problem
+        assert f"ALTER ROLE {role} LOGIN" in finding.fix
     finally:
         with psycopg.connect(broker.dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))

@@ -23,6 +23,16 @@ GROUP BY q.name ORDER BY q.name
 SELECT name, is_activation_enabled, activation_procedure, max_readers
 FROM {schema}.queues ORDER BY name
 
+-- doctor_reader_roles --
+-- Activated queues whose EXECUTE AS role cannot log in: their readers log in as that role.
+SELECT q.name, q.execute_as, r.rolname IS NOT NULL
+FROM {schema}.queues q
+LEFT JOIN pg_roles r ON r.rolname = q.execute_as
+WHERE q.is_activation_enabled AND q.execute_as IS NOT NULL
+  AND upper(q.execute_as) NOT IN ('SELF', 'OWNER', 'CALLER')
+  AND NOT coalesce(r.rolcanlogin, false)
+ORDER BY q.name
+
 -- doctor_last_activation --
 SELECT DISTINCT ON (a.queue_id) q.name, a.exception
  FROM {schema}.activation_log a JOIN {schema}.queues q ON q.object_id = a.queue_id
