@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -76,11 +77,17 @@ def test_wheel_maps_airflow_folders_into_the_package(tmp_path: Path) -> None:
     """hooks/, operators/ and sensors/ install inside airflow_broker, never at the top of
     site-packages, and the SQL files ship with the package."""
     root = Path(__file__).resolve().parents[2]
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(root)],
-        check=True,
-    )
+    # setuptools builds in the source tree's build/, and ships what an earlier build left
+    # there (a module or SQL file since moved): the wheel is built from a clean one.
+    shutil.rmtree(root / "build", ignore_errors=True)
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+             "-w", str(tmp_path), str(root)],
+            check=True,
+        )
+    finally:
+        shutil.rmtree(root / "build", ignore_errors=True)
     (wheel,) = tmp_path.glob("airflow_broker-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
