@@ -40,6 +40,7 @@ def activation_app(app: App, monkeypatch: pytest.MonkeyPatch) -> App:
                      " task_id uuid NOT NULL)")
         conn.execute("CREATE TABLE public.reader_control (stop boolean NOT NULL)")
         conn.execute("INSERT INTO public.reader_control VALUES (false)")
+        conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
     return app
 
 
@@ -200,91 +201,65 @@ def test_T_AC_03_stub_procedure_leaves_the_monitor_notified(
 
 
 def test_T_AC_04_status_changes_and_execute_as(
-    activation_app: App, manager: ActivationManager
+    activation_app: App, manager: ActivationManager, login_role: str
 ) -> None:
     broker = activation_app.broker
-    role = f"reader_{uuid.uuid4().hex[:8]}"
+    role = login_role
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=False,
+                       activation_procedure="tests.support.activation_readers:whoami",
+                       max_queue_readers=1, execute_as=role)
+    fill(activation_app, 2)
+    assert manager.step() == 0          # activation is off
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True)
+    assert manager.step() == 1          # OFF -> ON with messages: at once
+    wait_until(lambda: all_exited(manager), "the reader to finish")
+    manager.step()
+    with psycopg.connect(broker.dsn) as conn:
+        identity = conn.execute("SELECT role_name FROM public.reader_identity").fetchall()
+        log = conn.execute("SELECT execute_as, outcome FROM broker.activation_log").fetchall()
+    assert identity and {r for (r,) in identity} == {role}
+    assert log[0] == (role, "ended")
+    assert not [f for f in diagnose(broker).findings if "log in as" in f.problem]
+    # A role that cannot log in leaves the queue's readers failing: doctor says so.
     with psycopg.connect(broker.dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
-        # A reader logs in as its role.
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        for statement in (
-            "GRANT USAGE ON SCHEMA broker, public TO {}",
-            "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
-            "GRANT ALL ON ALL SEQUENCES IN SCHEMA broker TO {}",
-        ):
-            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
-    try:
-        with broker.transaction() as tx:
-            tx.alter_queue("q_t", activation_status=False,
-                           activation_procedure="tests.support.activation_readers:whoami",
-                           max_queue_readers=1, execute_as=role)
-        fill(activation_app, 2)
-        assert manager.step() == 0          # activation is off
-        with broker.transaction() as tx:
-            tx.alter_queue("q_t", activation_status=True)
-        assert manager.step() == 1          # OFF -> ON with messages: at once
-        wait_until(lambda: all_exited(manager), "the reader to finish")
-        manager.step()
-        with psycopg.connect(broker.dsn) as conn:
-            identity = conn.execute("SELECT role_name FROM public.reader_identity").fetchall()
-            log = conn.execute("SELECT execute_as, outcome FROM broker.activation_log").fetchall()
-        assert identity and {r for (r,) in identity} == {role}
-        assert log[0] == (role, "ended")
-        assert not [f for f in diagnose(broker).findings if "log in as" in f.problem]
-        # A role that cannot log in leaves the queue's readers failing: doctor says so.
-        with psycopg.connect(broker.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
-        (finding,) = [f for f in diagnose(broker).findings if "log in as" in f.problem]
-        assert finding.subject == "q_t" and "cannot log in" in finding.problem
-        assert f"ALTER ROLE {role} LOGIN" in finding.fix
-    finally:
-        with psycopg.connect(broker.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    (finding,) = [f for f in diagnose(broker).findings if "log in as" in f.problem]
+    assert finding.subject == "q_t" and "cannot log in" in finding.problem
+    assert f"ALTER ROLE {role} LOGIN" in finding.fix
 
 
 def test_an_activated_reader_logs_in_as_its_role_without_the_workers_secrets(
-    activation_app: App, manager: ActivationManager, monkeypatch: pytest.MonkeyPatch
+    activation_app: App, manager: ActivationManager, login_role: str,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """EXECUTE AS a role: the reader authenticates as the role (RESET ROLE leaves it the role,
     and it cannot SET ROLE to the worker's login), and none of the worker's credentials reach
     its environment."""
     broker = activation_app.broker
-    role = f"reader_{uuid.uuid4().hex[:8]}"
+    role = login_role
     monkeypatch.setenv("PGPASSWORD", "worker-secret-1")
     monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", "postgresql://etl:worker-secret-2@db/warehouse")
     with psycopg.connect(broker.dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.reader_credentials (current_role_name text,"
                      " session_role_name text, escalation text, secrets text[], messages int)")
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        for statement in (
-            "GRANT USAGE ON SCHEMA broker, public TO {}",
-            "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
-            "GRANT ALL ON ALL SEQUENCES IN SCHEMA broker TO {}",
-        ):
-            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
-    try:
-        with broker.transaction() as tx:
-            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1, execute_as=role,
-                           activation_procedure="tests.support.activation_readers:"
-                                                "credentials_check")
-        fill(activation_app, 2)
-        assert manager.step() == 1
-        wait_until(lambda: all_exited(manager), "the reader to finish")
-        manager.step()
-        with psycopg.connect(broker.dsn) as conn:
-            rows = conn.execute("SELECT * FROM public.reader_credentials").fetchall()
-            log = conn.execute("SELECT outcome FROM broker.activation_log").fetchall()
-        assert log == [("ended",)]
-        ((current, session, escalation, secrets, messages),) = rows
-        assert (current, session) == (role, role)
-        assert escalation.startswith("refused")
-        assert secrets == [] and messages >= 1
-    finally:
-        with psycopg.connect(broker.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True, max_queue_readers=1, execute_as=role,
+                       activation_procedure="tests.support.activation_readers:"
+                                            "credentials_check")
+    fill(activation_app, 2)
+    assert manager.step() == 1
+    wait_until(lambda: all_exited(manager), "the reader to finish")
+    manager.step()
+    with psycopg.connect(broker.dsn) as conn:
+        rows = conn.execute("SELECT * FROM public.reader_credentials").fetchall()
+        log = conn.execute("SELECT outcome FROM broker.activation_log").fetchall()
+    assert log == [("ended",)]
+    ((current, session, escalation, secrets, messages),) = rows
+    assert (current, session) == (role, role)
+    assert escalation.startswith("refused")
+    assert secrets == [] and messages >= 1
 
 
 def test_T_AC_04_turning_activation_off_leaves_running_readers(
@@ -483,6 +458,8 @@ def login_role(activation_app: App) -> Iterator[str]:
             "GRANT USAGE ON SCHEMA broker, public TO {}",
             "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
             "GRANT ALL ON ALL SEQUENCES IN SCHEMA broker TO {}",
+            # Tables a test creates afterwards.
+            "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO {}",
         ):
             conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
     try:
@@ -519,9 +496,6 @@ def test_T_AC_a_postgresql_procedure_drains_its_queue_as_its_role(
     broker = activation_app.broker
     monkeypatch.delenv(TARGETS_VARIABLE)
     with psycopg.connect(broker.dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
-        conn.execute(sql.SQL("GRANT ALL ON public.reader_identity TO {}").format(
-            sql.Identifier(login_role)))
         conn.execute(DRAIN_PROCEDURE)
     manager = ActivationManager(broker)
     try:
@@ -549,9 +523,6 @@ def test_T_AC_a_failing_procedure_counts_for_poison_detection(
     disable the queue, and the reader stops."""
     broker = activation_app.broker
     with psycopg.connect(broker.dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE public.reader_identity (role_name text, messages integer)")
-        conn.execute(sql.SQL("GRANT ALL ON public.reader_identity TO {}").format(
-            sql.Identifier(login_role)))
         conn.execute(DRAIN_PROCEDURE)
     manager = ActivationManager(broker)
     try:
@@ -584,7 +555,6 @@ def test_T_AC_a_procedure_without_a_role_needs_the_workers_list(
     manager = ActivationManager(broker)
     try:
         with psycopg.connect(broker.dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE public.reader_identity (role_name text, n integer)")
             conn.execute(DRAIN_PROCEDURE)
         with broker.transaction() as tx:
             tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
