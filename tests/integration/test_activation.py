@@ -7,7 +7,6 @@ import itertools
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from airflow_broker import Broker
 from airflow_broker.admin.doctor import diagnose
 from airflow_broker.worker import BrokerWorker
 from airflow_broker.worker.activation import TARGETS_VARIABLE, ActivationManager
+from tests.support import roles
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
 
@@ -451,23 +451,13 @@ def test_a_procedure_off_the_workers_list_never_runs(activation_app: App,
 def login_role(activation_app: App) -> Iterator[str]:
     """A role that can log in, with the rights of an application on the broker's tables and
     on public; dropped afterwards (roles outlive databases)."""
-    role = f"reader_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(activation_app.broker.dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        for statement in (
-            "GRANT USAGE ON SCHEMA broker, public TO {}",
-            "GRANT ALL ON ALL TABLES IN SCHEMA broker, public TO {}",
-            "GRANT ALL ON ALL SEQUENCES IN SCHEMA broker TO {}",
-            # Tables a test creates afterwards.
-            "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO {}",
-        ):
-            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
-    try:
-        yield role
-    finally:
-        with psycopg.connect(activation_app.broker.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    with roles.role(activation_app.broker.dsn, *roles.APPLICATION_GRANTS,
+                    "GRANT USAGE ON SCHEMA public TO {}",
+                    "GRANT ALL ON ALL TABLES IN SCHEMA public TO {}",
+                    # Tables a test creates afterwards.
+                    "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO {}",
+                    prefix="reader", login=True) as name:
+        yield name
 
 
 DRAIN_PROCEDURE = """

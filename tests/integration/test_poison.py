@@ -21,6 +21,7 @@ from airflow_broker.errors import PoisonDetectionUnavailable
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance
 from airflow_broker.messages import EVENT_NOTIFICATION
 from airflow_broker.worker import BrokerWorker
+from tests.support import roles
 from tests.support.brokers import App
 from tests.support.helpers import count, target_handle
 
@@ -283,20 +284,10 @@ def rollback_unreported(broker: Broker, handle: uuid.UUID) -> None:
 def reader_role(app: App) -> Iterator[str]:
     """A login-less role with every right on the broker's tables except recording receives
     (INSERT and UPDATE on receive_log); dropped afterwards (roles outlive databases)."""
-    role = f"reader_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role}")
-        conn.execute(f"GRANT USAGE ON SCHEMA broker TO {role}")
-        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA broker"
-                     f" TO {role}")
-        conn.execute(f"GRANT USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA broker TO {role}")
-        conn.execute(f"REVOKE INSERT, UPDATE ON broker.receive_log FROM {role}")
-    try:
-        yield role
-    finally:
-        with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP OWNED BY {role}")
-            conn.execute(f"DROP ROLE {role}")
+    with roles.role(app.broker.dsn, *roles.APPLICATION_GRANTS,
+                    "REVOKE INSERT, UPDATE ON broker.receive_log FROM {}",
+                    prefix="reader") as name:
+        yield name
 
 
 def test_a_reader_that_cannot_record_its_receives_is_refused(app: App, reader_role: str) -> None:

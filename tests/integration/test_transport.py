@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker, BrokerError
+from tests.support import roles
 from tests.support.brokers import (
     FaultyTransport,
     Pair,
@@ -308,7 +309,6 @@ def test_T_TX_04_acknowledgements_without_a_return_route(pair: Pair) -> None:
 
 
 def test_T_TX_04_unknown_handle_is_8426(pair: Pair) -> None:
-    import uuid
 
     with pytest.raises(BrokerError) as err, pair.a.transaction() as tx:
         tx.get_transmission_status(uuid.uuid4())
@@ -738,28 +738,17 @@ def test_a_sender_routes_messages_without_reading_route_addresses(pair: Pair) ->
     remote (route_kind, run with its owner's rights), so a sender needs no right to read
     route_defs or the routes view, and has none here."""
     pair.routes()
-    role = f"sender_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pair.a.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role}")
-        conn.execute(f"GRANT USAGE ON SCHEMA broker TO {role}")
-        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA broker"
-                     f" TO {role}")
-        conn.execute(f"GRANT USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA broker TO {role}")
-        conn.execute(f"REVOKE ALL ON broker.route_defs, broker.routes FROM {role}")
-    try:
-        with Broker(pair.a.dsn, role=role) as sender:
-            with sender.transaction() as tx:
-                handle = tx.begin_dialog("I", "T", "C")
-                tx.send(handle, "Req", "<order id='1'/>")
-            with pytest.raises(psycopg.errors.InsufficientPrivilege), \
-                    psycopg.connect(pair.a.dsn) as conn:
-                conn.execute(f"SET ROLE {role}")
-                conn.execute("SELECT address FROM broker.route_defs")
+    with roles.role(pair.a.dsn, *roles.APPLICATION_GRANTS,
+                    "REVOKE ALL ON broker.route_defs, broker.routes FROM {}",
+                    prefix="sender") as role, Broker(pair.a.dsn, role=role) as sender:
+        with sender.transaction() as tx:
+            handle = tx.begin_dialog("I", "T", "C")
+            tx.send(handle, "Req", "<order id='1'/>")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), \
+                psycopg.connect(pair.a.dsn) as conn:
+            conn.execute(f"SET ROLE {role}")
+            conn.execute("SELECT address FROM broker.route_defs")
         # Held for the transport, which delivers it.
         assert [w[:3] for w in tq(pair.a)] == [("T", "I", "C")]
         assert pair.ta.step().acknowledged == 1
         assert [m.text() for m in receive_all(pair.b, "q_t")] == ["<order id='1'/>"]
-    finally:
-        with psycopg.connect(pair.a.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP OWNED BY {role}")
-            conn.execute(f"DROP ROLE {role}")
