@@ -558,3 +558,19 @@ def test_T_AC_a_procedure_without_a_role_needs_the_workers_list(
         assert count(broker, "SELECT count(*) FROM public.processed") == 0
     finally:
         manager.close()
+
+
+def test_doctor_reports_an_activation_procedure_that_does_not_exist(
+    activation_app: App, login_role: str
+) -> None:
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                       activation_procedure="public.usp_missing", execute_as=login_role)
+    (finding,) = [f for f in diagnose(broker).findings
+                  if f.check == "activation" and "usp_missing" in f.problem]
+    assert finding.severity == "error" and finding.subject == "q_t"
+    assert "CREATE PROCEDURE public.usp_missing()" in finding.fix
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
+        conn.execute(DRAIN_PROCEDURE.replace("usp_drain", "usp_missing"))
+    assert not [f for f in diagnose(broker).findings if "usp_missing" in f.problem]
