@@ -157,8 +157,6 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                               f"the worker can start: {exc}",
                               "ALTER QUEUE ... WITH ACTIVATION (PROCEDURE_NAME = ...) with "
                               "balanced quotes, or a package.module:function")
-
-
     for name, role, exists in _rows(conn, "doctor_reader_roles", schema):
         yield Finding(ERROR, "activation", name,
                       f"its readers log in as EXECUTE AS role {role!r}, which "
