@@ -89,9 +89,9 @@ class Shared:
         if not allowed:
             raise PoisonDetectionUnavailable(
                 f"The role '{role}' cannot record its receiving transactions for "
-                "poison-message detection (it needs EXECUTE on register_receive, and INSERT "
-                "and UPDATE on receive_log): a RECEIVE it rolled back would not count. Grant "
-                "them, or turn POISON_MESSAGE_HANDLING off for the queue.")
+                "poison-message detection (it needs EXECUTE on register_receive, which the "
+                "broker grants to PUBLIC): a RECEIVE it rolled back would not count. Grant "
+                "it again, or turn POISON_MESSAGE_HANDLING off for the queue.")
         self._can_record = True
 
     def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],

@@ -85,13 +85,17 @@ class Broker:
                              SideChannel(self.dsn, application_name, role), poll_interval)
 
     def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
-        # EXECUTE AS: every statement of this Broker runs as the role.
+        # Every statement of this Broker runs as the role, for what PostgreSQL checks itself
+        # (the application's own tables in a handler's transaction). The broker's permissions
+        # are the login's whatever the role (docs/security.md): log in as a role to be it.
         conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role or "")))
         conn.commit()
 
-    def install(self, *, up_to: str | None = None) -> migrations.InstallReport:
-        """Creates or upgrades the broker schema (idempotent)."""
-        report = migrations.install(self.dsn, self.schema, up_to=up_to)
+    def install(self, *, up_to: str | None = None,
+                owner: str | None = None) -> migrations.InstallReport:
+        """Creates or upgrades the broker schema (idempotent); ``owner``: the role that owns
+        it, whose rights the broker's functions run with (default: this login)."""
+        report = migrations.install(self.dsn, self.schema, up_to=up_to, owner=owner)
         self.shared.forget_message_types()
         return report
 

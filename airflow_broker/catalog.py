@@ -16,14 +16,22 @@ from airflow_broker.validation import compile_schema
 
 class CatalogStatements(StatementRunner):
     def create_message_type(
-        self, name: str, validation: str = "NONE", *, schema_collection: str | None = None
+        self, name: str, validation: str = "NONE", *, schema_collection: str | None = None,
+        authorization: str | None = None,
     ) -> int:
         """CREATE MESSAGE TYPE; validation is NONE, EMPTY, WELL_FORMED_XML or VALID_XML (with
         ``schema_collection``)."""
         q = self.function("create_message_type", 3, ["text", "text", "text"])
         result: int = self.scalar(q, [name, validation, schema_collection])
+        self._authorize(f"MESSAGE TYPE::{name}", authorization)
         self.shared.forget_message_types()
         return result
+
+    def _authorize(self, securable: str, owner: str | None) -> None:
+        """CREATE ... AUTHORIZATION owner: the object is created by the login, then given."""
+        if owner is not None:
+            self.run(self.function("alter_authorization", 2, ["text", "text"]),
+                     [securable, owner])
 
     def alter_message_type(
         self, name: str, validation: str, *, schema_collection: str | None = None
@@ -51,13 +59,15 @@ class CatalogStatements(StatementRunner):
         self.run(self.function("drop_xml_schema_collection", 1, ["text"]), [name])
 
     def create_contract(
-        self, name: str, message_types: Mapping[str, str] | Iterable[tuple[str, str]]
+        self, name: str, message_types: Mapping[str, str] | Iterable[tuple[str, str]], *,
+        authorization: str | None = None,
     ) -> int:
         """CREATE CONTRACT; ``message_types`` maps each message type to INITIATOR, TARGET or
         ANY (a list of pairs may repeat a type, which SQL Server rejects with 8403)."""
         pairs = list(message_types.items() if isinstance(message_types, Mapping) else message_types)
         q = self.function("create_contract", 3, ["text", "text[]", "text[]"])
         result: int = self.scalar(q, [name, [t for t, _ in pairs], [d for _, d in pairs]])
+        self._authorize(f"CONTRACT::{name}", authorization)
         return result
 
     def drop_contract(self, name: str) -> None:
@@ -75,6 +85,7 @@ class CatalogStatements(StatementRunner):
         execute_as: str | None = None,
         poison_message_handling: bool = True,
         schema: str = "public",
+        authorization: str | None = None,
     ) -> int:
         """CREATE QUEUE; also creates the read-only view ``schema.name`` over its messages."""
         q = self.function(
@@ -85,6 +96,7 @@ class CatalogStatements(StatementRunner):
             name, status, retention, activation_status, activation_procedure,
             max_queue_readers, execute_as, poison_message_handling, schema,
         ])
+        self._authorize(f"QUEUE::{schema}.{name}", authorization)
         return result
 
     def alter_queue(
@@ -128,10 +140,14 @@ class CatalogStatements(StatementRunner):
     def drop_queue(self, name: str) -> None:
         self.run(self.function("drop_queue", 1, ["text"]), [name])
 
-    def create_service(self, name: str, queue_name: str, contracts: Sequence[str] = ()) -> int:
-        """CREATE SERVICE on a queue, target for ``contracts`` (none: it can only initiate)."""
+    def create_service(self, name: str, queue_name: str, contracts: Sequence[str] = (), *,
+                       authorization: str | None = None) -> int:
+        """CREATE SERVICE on a queue, target for ``contracts`` (none: it can only initiate).
+        ``authorization`` makes a role its owner, whose SEND permissions decide where the
+        service's dialogs may go."""
         q = self.function("create_service", 3, ["text", "text", "text[]"])
         result: int = self.scalar(q, [name, queue_name, list(contracts)])
+        self._authorize(f"SERVICE::{name}", authorization)
         return result
 
     def alter_service(

@@ -16,7 +16,7 @@ from airflow_broker.redaction import redact
 
 def _install(args: argparse.Namespace) -> int:
     with Broker(args.dsn, schema=args.schema) as broker:
-        report = broker.install()
+        report = broker.install(owner=args.owner)
     if report.applied:
         print(f"schema {report.schema}: applied {', '.join(report.applied)}")
     else:
@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "embedded PostgreSQL)")
     install.add_argument("--schema", help="broker schema (default: AIRFLOW_BROKER_SCHEMA or "
                                           "broker)")
+    install.add_argument("--owner", help="the role that owns the schema, whose rights the "
+                                         "broker's functions run with (default: the login; "
+                                         "docs/security.md)")
     install.set_defaults(run=_install)
 
     def connection_options(command: argparse.ArgumentParser) -> None:

@@ -91,6 +91,10 @@ class Unsupported(BrokerError):
     """Something Service Broker does that airflow-broker does differently on PostgreSQL."""
 
 
+class PermissionDenied(BrokerError):
+    """The session's login lacks a broker permission the statement needs (docs/security.md)."""
+
+
 # InvalidArgument
 
 class IncorrectSyntax(InvalidArgument, number=102):
@@ -373,6 +377,26 @@ class GroupOfAnotherService(ContractViolation, number=8439):
 
 class RelatedConversationOfAnotherService(ContractViolation, number=9610):
     """BEGIN DIALOG related to a conversation or group of another service."""
+
+
+# PermissionDenied
+
+class ObjectPermissionDenied(PermissionDenied, number=229):
+    """RECEIVE on a queue (RECEIVE, SEND, BEGIN DIALOG, END, timers, MOVE), or REFERENCES on a
+    contract, message type or queue, is missing or denied."""
+
+
+class CreatePermissionDenied(PermissionDenied, number=262):
+    """CREATE QUEUE, SERVICE, CONTRACT or MESSAGE TYPE without the permission to."""
+
+
+class GrantorLacksPermission(PermissionDenied, number=4613):
+    """GRANT, DENY or REVOKE by a login that does not own the object, has no CONTROL on it,
+    and does not hold the permission WITH GRANT OPTION."""
+
+
+class CannotImpersonate(PermissionDenied, number=15517):
+    """EXECUTE AS a role the login is not a member of."""
 
 
 # Unsupported

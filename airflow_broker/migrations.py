@@ -20,6 +20,7 @@ from airflow_broker.queries import DEFAULT_SCHEMA, Queries, query_texts
 log = logging.getLogger(__name__)
 
 _SQL = resources.files("airflow_broker") / "sql"
+PRIVILEGES = "99_privileges.sql"
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,13 @@ def functions() -> list[SqlFile]:
     return _files("functions")
 
 
-def install(dsn: str, schema: str = DEFAULT_SCHEMA, *, up_to: str | None = None) -> InstallReport:
+def install(dsn: str, schema: str = DEFAULT_SCHEMA, *, up_to: str | None = None,
+            owner: str | None = None) -> InstallReport:
     """Creates or upgrades the broker schema; safe to run again and from several processes.
+
+    ``owner`` is the role that owns the schema and everything in it (default: the login that
+    installs). The broker's functions run with its rights, so give it no more than the schema
+    (docs/security.md); the installing login must be a member of it.
 
     ``up_to`` stops after the named migration (without re-applying functions): upgrade tests
     use it to start from an older schema.
@@ -70,7 +76,13 @@ def install(dsn: str, schema: str = DEFAULT_SCHEMA, *, up_to: str | None = None)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(queries["install_lock"], [schema])
         try:
-            conn.execute(queries["create_schema"])
+            if owner is None:
+                conn.execute(queries["create_schema"])
+            else:
+                # Utility statements around identifiers are composed here (CONTRIBUTING.md).
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
+                    sql.Identifier(schema), sql.Identifier(owner)))
+                conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
             conn.execute(queries["create_schema_migrations"])
             done: dict[str, str] = dict(conn.execute(queries["applied_files"]).fetchall())
             for file in migrations():
@@ -79,10 +91,15 @@ def install(dsn: str, schema: str = DEFAULT_SCHEMA, *, up_to: str | None = None)
                     report.applied.append(file.name)
                 if up_to is not None and file.name.startswith(up_to):
                     return report
+            changed = False
             for file in functions():
-                if done.get(file.name) != file.checksum:
+                # The last file sets every function's security, which CREATE OR REPLACE of
+                # any other resets.
+                last = file.name == PRIVILEGES
+                if done.get(file.name) != file.checksum or (last and changed):
                     apply_file(conn, queries, file)
                     report.applied.append(file.name)
+                    changed = True
         finally:
             conn.execute(queries["install_unlock"], [schema])
     if report.applied:
@@ -112,6 +129,7 @@ def pending(dsn: str, schema: str = DEFAULT_SCHEMA) -> list[str]:
         done: dict[str, str] = {}
         if exists and exists[0]:
             done = dict(conn.execute(queries["applied_files"]).fetchall())
-    return [f.name for f in migrations() if f.name not in done] + [
-        f.name for f in functions() if done.get(f.name) != f.checksum
-    ]
+    changed = [f.name for f in functions() if done.get(f.name) != f.checksum]
+    if changed and PRIVILEGES not in changed:
+        changed.append(PRIVILEGES)
+    return [f.name for f in migrations() if f.name not in done] + changed

@@ -211,11 +211,11 @@ class WakeUps:
         waiter_id: uuid.UUID,
         queue_id: int,
     ) -> None:
-        if queue_id not in listening:
+        fresh = queue_id not in listening
+        if fresh:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel(queue_id))))
             listening.add(queue_id)
-            conn.execute(self._queries["waiters_clear_stale"], [queue_id])
-        conn.execute(self._queries["waiter_register"], [waiter_id, queue_id])
+        conn.execute(self._queries["waiter_register"], [waiter_id, queue_id, fresh])
         registered[waiter_id] = queue_id
 
     def _wake_channel(self, channel: str) -> None:

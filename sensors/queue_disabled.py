@@ -158,8 +158,7 @@ class QueueDisabledSensor(BrokerWaitSensor):
                 continue
             with hook.transaction() as tx:
                 found = tx.run(tx.queries["disabled_queue_of_event"],
-                               [event.database_id, event.object_id, event.object_name,
-                                  event.object_id])
+                               [event.database_id, event.object_id, event.object_name])
             queue_name = found[0][0] if found else event.object_name
             if watched and queue_name not in watched:
                 continue

@@ -3,6 +3,8 @@
 * ``tests/unit``: no database (a fixture refuses to connect to one);
 * ``tests/integration``: a real PostgreSQL, one fresh database per test, Airflow through
   ``dag.test()`` and Spark on ``local[2]`` (``tests/integration/airflow``);
+* ``tests/least_privilege``: the broker schema owned by a dedicated role, and applications
+  logged in as roles with only the documented grants;
 * ``tests/system``: the deployment users run, Airflow's components as separate processes and
   a Spark standalone cluster.
 
@@ -19,7 +21,7 @@ import pytest
 pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.airflow", "tests.fixtures.system"]
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "integration", "system")
+TIERS = ("unit", "integration", "least_privilege", "system")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -58,9 +58,8 @@ class QueueListener:
     async def wait_on_queue(self, queue_id: int) -> None:
         """Makes SEND to the queue NOTIFY this connection, from now on."""
         await self.listen(queue_channel(self.schema, queue_id))
-        await self.conn.execute(self.queries["waiters_clear_stale"], [queue_id])
         waiter_id = uuid.uuid4()
-        await self.conn.execute(self.queries["waiter_register"], [waiter_id, queue_id])
+        await self.conn.execute(self.queries["waiter_register"], [waiter_id, queue_id, True])
         self._waiters.append(waiter_id)
 
     async def wait(self, timeout: float) -> bool:

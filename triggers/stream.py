@@ -116,7 +116,7 @@ class BrokerStreamProducer(SharedStreamProducer):
     async def _awaiting_ack(self) -> bool:
         assert self._conn is not None
         cursor = await self._conn.execute(
-            self._query("inbox_awaiting_ack"), [self.consumer, self.ack_timeout, self.ack_timeout])
+            self._query("inbox_awaiting_ack"), [self.consumer, self.ack_timeout])
         row = await cursor.fetchone()
         return bool(row and row[0])
 

@@ -334,18 +334,18 @@ class QueueReader:
                     action = Action.QUARANTINE
                 self._event(message, attempts, exc, action.value)
                 if action is Action.QUARANTINE:
-                    ctx.tx.run(queries["parked_message_quarantined"],
-                               [attempts, f"{type(exc).__name__}: {exc}",
-                                traceback.format_exc(), qid])
+                    ctx.tx.run(queries["parked_message_settle"],
+                               [qid, "quarantined", attempts, f"{type(exc).__name__}: {exc}",
+                                traceback.format_exc()])
                     self.stats.quarantined += 1
                     # What waited behind it is released, in order, for the next timer.
                     continue
-                ctx.tx.run(queries["parked_message_failed_again"],
-                           [attempts, f"{type(exc).__name__}: {exc}", qid])
+                ctx.tx.run(queries["parked_message_settle"],
+                           [qid, "failed", attempts, f"{type(exc).__name__}: {exc}", None])
                 ctx.tx.begin_conversation_timer(conversation, self.config.retry_delay)
                 self.stats.retried += 1
                 return True
-            ctx.tx.run(queries["parked_message_done"], [qid])
+            ctx.tx.run(queries["parked_message_settle"], [qid, "done", None, None, None])
             self.stats.processed += 1
         return False
 

@@ -449,9 +449,10 @@ def test_a_procedure_off_the_workers_list_never_runs(activation_app: App,
 
 @pytest.fixture
 def login_role(activation_app: App) -> Iterator[str]:
-    """A role that can log in, with the rights of an application on the broker's tables and
-    on public; dropped afterwards (roles outlive databases)."""
+    """A role that can log in, with RECEIVE on the queue q_t and every right on public;
+    dropped afterwards (roles outlive databases)."""
     with roles.role(activation_app.broker.dsn, *roles.APPLICATION_GRANTS,
+                    roles.broker_grant("RECEIVE", "QUEUE::q_t"),
                     "GRANT USAGE ON SCHEMA public TO {}",
                     "GRANT ALL ON ALL TABLES IN SCHEMA public TO {}",
                     # Tables a test creates afterwards.

@@ -53,8 +53,14 @@ def test_changed_function_file_is_reapplied(empty_dsn: str) -> None:
         conn.execute("INSERT INTO broker.schema_migrations (name, checksum) VALUES ('x', 'y')")
         conn.execute("UPDATE broker.schema_migrations SET checksum = 'stale'"
                      " WHERE name = '30_send.sql'")
-    assert pending(empty_dsn) == ["30_send.sql"]
-    assert install(empty_dsn).applied == ["30_send.sql"]
+    # CREATE OR REPLACE resets a function's security: the privileges follow every change.
+    assert pending(empty_dsn) == ["30_send.sql", "99_privileges.sql"]
+    assert install(empty_dsn).applied == ["30_send.sql", "99_privileges.sql"]
+    with psycopg.connect(empty_dsn) as conn:
+        definer = conn.execute(
+            "SELECT bool_and(prosecdef), bool_and(has_function_privilege('public', oid,"
+            " 'EXECUTE')) FROM pg_proc WHERE oid::regproc::text = 'broker.send'").fetchone()
+    assert definer == (True, True)
 
 
 def test_schema_name_is_configurable(empty_dsn: str) -> None:

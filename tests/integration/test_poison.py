@@ -280,12 +280,16 @@ def rollback_unreported(broker: Broker, handle: uuid.UUID) -> None:
         conn.rollback()
 
 
+REGISTER_RECEIVE = "broker.register_receive(integer, xid8, uuid[], integer)"
+
+
 @pytest.fixture
 def reader_role(app: App) -> Iterator[str]:
-    """A login-less role with every right on the broker's tables except recording receives
-    (INSERT and UPDATE on receive_log); dropped afterwards (roles outlive databases)."""
+    """A login-less role that may not record its receives: EXECUTE on register_receive is
+    taken from PUBLIC in this test's database. Dropped afterwards (roles outlive
+    databases)."""
     with roles.role(app.broker.dsn, *roles.APPLICATION_GRANTS,
-                    "REVOKE INSERT, UPDATE ON broker.receive_log FROM {}",
+                    f"REVOKE EXECUTE ON FUNCTION {REGISTER_RECEIVE} FROM PUBLIC",
                     prefix="reader") as name:
         yield name
 
@@ -304,7 +308,7 @@ def test_a_reader_that_cannot_record_its_receives_is_refused(app: App, reader_ro
                                  " JOIN broker.queues q ON q.object_id = m.queue_id"
                                  " WHERE q.name = 'q_t' AND m.status = 1") == 2
         with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
-            conn.execute(f"GRANT INSERT, UPDATE ON broker.receive_log TO {reader_role}")
+            conn.execute(f"GRANT EXECUTE ON FUNCTION {REGISTER_RECEIVE} TO {reader_role}")
     # A Broker checks once: a new one sees the grant.
     with Broker(app.broker.dsn, role=reader_role) as reader:
         fail_once(reader)

@@ -9,27 +9,36 @@ from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
-# What an application of the broker's tests holds today: every table and sequence of the
-# schema (docs/security.md: the schema is the trust boundary).
-APPLICATION_GRANTS = (
-    "GRANT USAGE ON SCHEMA broker TO {}",
-    "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA broker TO {}",
-    "GRANT USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA broker TO {}",
-)
+# What every application of the broker holds in PostgreSQL (docs/security.md): the broker's
+# functions check the rest, which broker_grant() gives.
+APPLICATION_GRANTS = ("GRANT USAGE ON SCHEMA broker TO {}",)
+
+
+def broker_grant(permission: str, securable: str, action: str = "grant") -> str:
+    """A statement for role(): GRANT (or DENY, REVOKE) a broker permission, as
+    ``GRANT SEND ON SERVICE::Ordering TO role`` does in SQL Server."""
+    return (f"SELECT broker.{action}_permission('{permission}', '{securable}', {{name}})")
 
 
 @contextmanager
 def role(dsn: str, *statements: str, prefix: str = "app", login: bool = False) -> Iterator[str]:
-    """A new role, given ``statements`` (SQL with ``{}`` where the role's name goes)."""
+    """A new role, given ``statements`` (SQL with ``{}`` where the role's name goes as an
+    identifier, ``{name}`` where it goes as a string)."""
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         create = "CREATE ROLE {} LOGIN" if login else "CREATE ROLE {}"
         for statement in (create, *statements):
-            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
+            conn.execute(sql.SQL(statement).format(sql.Identifier(name), name=sql.Literal(name)))
     try:
         yield name
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def login_dsn(dsn: str, role_name: str) -> str:
+    """``dsn`` logging in as ``role_name`` (the test server trusts local logins)."""
+    return make_conninfo(dsn, user=role_name)

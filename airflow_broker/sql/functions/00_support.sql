@@ -108,7 +108,7 @@ INSERT INTO error_messages (error_number, text) VALUES
     (50111, 'The quarantined message %s cannot be replayed or discarded: it is already %s.'),
     (50112, 'The quarantined message %s cannot be replayed: its conversation %s can no longer receive (endpoint state %s).'),
     (50123, 'The broker spec is not valid: %s'),
-    (50124, 'The role ''%s'' cannot record its receiving transactions for poison-message detection (it needs EXECUTE on register_receive, and INSERT and UPDATE on receive_log): a RECEIVE it rolled back would not count. Grant them, or turn POISON_MESSAGE_HANDLING off for the queue.'),
+    (50124, 'The role ''%s'' cannot record its receiving transactions for poison-message detection (it needs EXECUTE on register_receive, which the broker grants to PUBLIC): a RECEIVE it rolled back would not count. Grant it again, or turn POISON_MESSAGE_HANDLING off for the queue.'),
     (50122, 'The message body of %s bytes is larger than the maximum message size of %s bytes.'),
     (50121, 'The queue name ''%s'' contains a period, which separates a schema from a queue name; choose a name without one.'),
     (50120, 'These messages are not in the Airflow inbox: %s. They were acknowledged (BrokerHook.ack), purged, or come from another broker; nothing was consumed.'),
@@ -243,4 +243,28 @@ BEGIN
        SET state = 'ER', system_sequence = system_sequence + 1
      WHERE conversation_handle = p_handle;
 END
+$$;
+
+-- WAITFOR's registration of a waiter on a queue (airflow_broker.waitfor and the Airflow
+-- triggers): only a role that may RECEIVE from the queue waits on it. Rows of waiters whose
+-- session is gone are cleared first: they would only cause needless NOTIFYs.
+CREATE OR REPLACE FUNCTION wait_register(p_waiter_id uuid, p_queue_id integer,
+                                         p_clear_stale boolean)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM require_on_queue('RECEIVE', p_queue_id);
+    IF p_clear_stale THEN
+        DELETE FROM queue_waiters
+         WHERE queue_id = p_queue_id AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity);
+    END IF;
+    INSERT INTO queue_waiters (waiter_id, queue_id, backend_pid, since)
+    VALUES (p_waiter_id, p_queue_id, pg_backend_pid(), utc_now()) ON CONFLICT DO NOTHING;
+END
+$$;
+
+-- A session removes its own waiters only.
+CREATE OR REPLACE FUNCTION wait_remove(p_waiter_ids uuid[]) RETURNS void
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    DELETE FROM queue_waiters
+     WHERE waiter_id = ANY(p_waiter_ids) AND backend_pid = pg_backend_pid();
 $$;

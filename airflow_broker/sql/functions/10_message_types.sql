@@ -71,14 +71,16 @@ DECLARE
     v_kind text;
     v_collection integer;
 BEGIN
+    PERFORM require_create('CREATE MESSAGE TYPE');
     PERFORM check_name(p_name);
     SELECT kind, collection_id INTO v_kind, v_collection
       FROM resolve_validation(p_validation, p_schema_collection);
     IF EXISTS (SELECT 1 FROM message_types WHERE name = p_name) THEN
         PERFORM raise_error(2714, p_name);
     END IF;
-    INSERT INTO message_types (name, validation_kind, xml_collection_id, created_at)
-    VALUES (p_name, v_kind, v_collection, utc_now())
+    INSERT INTO message_types (name, validation_kind, xml_collection_id, created_at,
+                               principal_id)
+    VALUES (p_name, v_kind, v_collection, utc_now(), creation_owner(NULL))
     RETURNING message_type_id INTO v_id;
     RETURN v_id;
 END
@@ -97,6 +99,8 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'message type', p_name);
     END IF;
+    PERFORM require_on_object('ALTER', 15::smallint, mt.message_type_id, mt.principal_id,
+                              'message type', p_name);
     IF mt.is_system THEN
         PERFORM raise_error(15247, p_name, 'message type');
     END IF;
@@ -117,6 +121,8 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'message type', p_name);
     END IF;
+    PERFORM require_on_object('CONTROL', 15::smallint, mt.message_type_id, mt.principal_id,
+                              'message type', p_name);
     IF mt.is_system THEN
         PERFORM raise_error(15247, p_name, 'message type');
     END IF;
@@ -129,4 +135,15 @@ BEGIN
     END IF;
     DELETE FROM message_types WHERE message_type_id = mt.message_type_id;
 END
+$$;
+
+-- What SEND in Python needs to validate a body of a message type: its validation and, for
+-- VALID_XML, the XSD documents of its collection.
+CREATE OR REPLACE FUNCTION message_type_validation(p_name text)
+RETURNS TABLE (validation_kind text, xml_collection_id integer, schemas text[])
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT t.validation_kind, t.xml_collection_id, c.schemas
+      FROM message_types t
+      LEFT JOIN xml_schema_collections c USING (xml_collection_id)
+     WHERE t.name = p_name
 $$;

@@ -8,7 +8,9 @@ DECLARE
     v_dir text;
     v_type_id integer;
     v_initiator_can_send boolean := false;
+    v_type_owner oid;
 BEGIN
+    PERFORM require_create('CREATE CONTRACT');
     PERFORM check_name(p_name);
     IF p_message_types IS NULL OR p_sent_by IS NULL OR cardinality(p_message_types) = 0
        OR cardinality(p_message_types) <> cardinality(p_sent_by) THEN
@@ -34,14 +36,17 @@ BEGIN
         PERFORM raise_error(8492, p_name);
     END IF;
 
-    INSERT INTO contracts (name, created_at) VALUES (p_name, utc_now())
+    INSERT INTO contracts (name, created_at, principal_id)
+    VALUES (p_name, utc_now(), creation_owner(NULL))
     RETURNING service_contract_id INTO v_id;
     FOR i IN 1 .. cardinality(p_message_types) LOOP
         v_type := p_message_types[i];
-        SELECT message_type_id INTO v_type_id FROM message_types WHERE name = v_type;
+        SELECT message_type_id, principal_id INTO v_type_id, v_type_owner
+          FROM message_types WHERE name = v_type;
         IF v_type_id IS NULL THEN
             PERFORM raise_error(8428, coalesce(v_type, 'NULL'));
         END IF;
+        PERFORM require_references(15::smallint, v_type_id, v_type_owner, v_type);
         v_dir := upper(p_sent_by[i]);
         INSERT INTO contract_message_usages
             (service_contract_id, message_type_id, is_sent_by_initiator, is_sent_by_target)
@@ -61,6 +66,8 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'contract', p_name);
     END IF;
+    PERFORM require_on_object('CONTROL', 16::smallint, c.service_contract_id, c.principal_id,
+                              'contract', p_name);
     IF c.is_system THEN
         PERFORM raise_error(15247, p_name, 'contract');
     END IF;

@@ -140,6 +140,8 @@ DECLARE
         OR p_activation_procedure IS NOT NULL OR p_max_queue_readers IS NOT NULL
         OR p_execute_as IS NOT NULL;
 BEGIN
+    PERFORM require_create('CREATE QUEUE');
+    PERFORM check_execute_as(p_execute_as);
     PERFORM check_name(p_name);
     PERFORM check_name(p_schema);
     IF left(p_name, 1) = '#' THEN
@@ -165,12 +167,12 @@ BEGIN
     INSERT INTO queues (schema_name, name, is_receive_enabled, is_enqueue_enabled,
                         is_retention_enabled, is_poison_message_handling_enabled,
                         is_activation_enabled, activation_procedure, max_readers, execute_as,
-                        disabled_reason, disabled_at, created_at)
+                        disabled_reason, disabled_at, created_at, principal_id)
     VALUES (p_schema, p_name, p_status, p_status, p_retention, p_poison_message_handling,
             coalesce(p_activation_status, v_has_activation), p_activation_procedure,
             coalesce(p_max_queue_readers, 0), p_execute_as,
             CASE WHEN p_status THEN NULL ELSE 'ADMIN' END,
-            CASE WHEN p_status THEN NULL ELSE utc_now() END, utc_now())
+            CASE WHEN p_status THEN NULL ELSE utc_now() END, utc_now(), creation_owner(NULL))
     RETURNING object_id INTO v_id;
     PERFORM create_queue_view(v_id);
     PERFORM create_queue_counters(v_id);
@@ -193,6 +195,9 @@ RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     q queues := existing_queue(p_name);
 BEGIN
+    PERFORM require_on_object('ALTER', 1::smallint, q.object_id, q.principal_id, 'queue',
+                              p_name);
+    PERFORM check_execute_as(p_execute_as);
     PERFORM check_activation(coalesce(p_activation_status, q.is_activation_enabled)
                                  AND NOT coalesce(p_drop_activation, false),
                              coalesce(p_max_queue_readers, q.max_readers));
@@ -242,6 +247,8 @@ DECLARE
     q queues := existing_queue(p_name);
     v_service text;
 BEGIN
+    PERFORM require_on_object('CONTROL', 1::smallint, q.object_id, q.principal_id, 'queue',
+                              p_name);
     SELECT name INTO v_service FROM service_defs WHERE service_queue_id = q.object_id
      ORDER BY name LIMIT 1;
     IF v_service IS NOT NULL THEN
@@ -264,6 +271,8 @@ RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     q queues := existing_queue(p_name);
 BEGIN
+    PERFORM require_on_object('ALTER', 1::smallint, q.object_id, q.principal_id, 'queue',
+                              p_name);
     IF p_ramp_interval < interval '0' THEN
         PERFORM raise_error(50106, p_ramp_interval::text, 'the activation ramp-up interval',
                             'an interval of 0 or more');

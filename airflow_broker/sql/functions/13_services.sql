@@ -6,16 +6,19 @@ DECLARE
     v_ids integer[] := '{}';
     v_name text;
     v_id integer;
+    v_owner oid;
 BEGIN
     SELECT t INTO v_name FROM unnest(p_contracts) t GROUP BY t HAVING count(*) > 1 LIMIT 1;
     IF v_name IS NOT NULL THEN
         PERFORM raise_error(8404, v_name);
     END IF;
     FOREACH v_name IN ARRAY coalesce(p_contracts, '{}') LOOP
-        SELECT service_contract_id INTO v_id FROM contracts WHERE name = v_name;
+        SELECT service_contract_id, principal_id INTO v_id, v_owner
+          FROM contracts WHERE name = v_name;
         IF v_id IS NULL THEN
             PERFORM raise_error(8425, coalesce(v_name, 'NULL'));
         END IF;
+        PERFORM require_references(16::smallint, v_id, v_owner, v_name);
         v_ids := v_ids || v_id;
     END LOOP;
     RETURN v_ids;
@@ -30,14 +33,16 @@ DECLARE
     v_contract_ids integer[];
     v_id integer;
 BEGIN
+    PERFORM require_create('CREATE SERVICE');
     PERFORM check_name(p_name, 256);
     q := existing_queue(p_queue);
+    PERFORM require_references(1::smallint, q.object_id, q.principal_id, q.name);
     v_contract_ids := resolve_contracts(p_contracts);
     IF EXISTS (SELECT 1 FROM service_defs WHERE name = p_name) THEN
         PERFORM raise_error(2714, p_name);
     END IF;
-    INSERT INTO service_defs (name, service_queue_id, created_at)
-    VALUES (p_name, q.object_id, utc_now())
+    INSERT INTO service_defs (name, service_queue_id, created_at, principal_id)
+    VALUES (p_name, q.object_id, utc_now(), creation_owner(NULL))
     RETURNING service_id INTO v_id;
     INSERT INTO service_def_contracts (service_id, service_contract_id)
     SELECT v_id, unnest(v_contract_ids);
@@ -62,6 +67,8 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'service', p_name);
     END IF;
+    PERFORM require_on_object('ALTER', 17::smallint, s.service_id, s.principal_id, 'service',
+                              p_name);
     IF s.is_system THEN
         PERFORM raise_error(15247, p_name, 'service');
     END IF;
@@ -97,6 +104,7 @@ BEGIN
     END IF;
     IF p_queue IS NOT NULL THEN
         q := existing_queue(p_queue);
+        PERFORM require_references(1::smallint, q.object_id, q.principal_id, q.name);
         UPDATE service_defs SET service_queue_id = q.object_id WHERE service_id = s.service_id;
         UPDATE queue_messages SET queue_id = q.object_id
          WHERE service_id = s.service_id AND queue_id <> q.object_id;
@@ -118,6 +126,8 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'service', p_name);
     END IF;
+    PERFORM require_on_object('CONTROL', 17::smallint, s.service_id, s.principal_id, 'service',
+                              p_name);
     IF s.is_system THEN
         PERFORM raise_error(15247, p_name, 'service');
     END IF;

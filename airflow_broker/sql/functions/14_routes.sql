@@ -226,6 +226,12 @@ LANGUAGE sql IMMUTABLE AS $$
                   p_service)
 $$;
 
+-- This broker's instance (sys.databases.service_broker_guid), which BEGIN DIALOG can name.
+CREATE OR REPLACE FUNCTION broker_instance() RETURNS uuid
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT service_broker_guid FROM broker_identity
+$$;
+
 -- ALTER DATABASE ... SET ENABLE_BROKER | DISABLE_BROKER | NEW_BROKER |
 -- ERROR_BROKER_CONVERSATIONS (spec 21.1); returns the broker instance afterwards.
 CREATE OR REPLACE FUNCTION alter_broker(p_option text) RETURNS uuid

@@ -14,7 +14,9 @@ RETURNS uuid LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
 DECLARE
     v_service_id integer;
+    v_queue_id integer;
     v_contract_id integer;
+    v_contract_owner oid;
     v_group uuid;
     v_group_service integer;
     v_handle uuid := gen_random_uuid();
@@ -46,13 +48,21 @@ BEGIN
         PERFORM raise_error(8414, p_related_conversation_group::text);
     END IF;
 
-    SELECT service_id INTO v_service_id FROM service_defs WHERE name = p_from_service;
+    SELECT service_id, service_queue_id INTO v_service_id, v_queue_id
+      FROM service_defs WHERE name = p_from_service;
     IF v_service_id IS NULL THEN
         PERFORM raise_error(8423, p_from_service);
     END IF;
-    SELECT service_contract_id INTO v_contract_id FROM contracts WHERE name = p_contract;
+    SELECT service_contract_id, principal_id INTO v_contract_id, v_contract_owner
+      FROM contracts WHERE name = p_contract;
     IF v_contract_id IS NULL THEN
         PERFORM raise_error(8425, p_contract);
+    END IF;
+    -- RECEIVE on the FROM service's queue and REFERENCES on the contract (spec 6).
+    PERFORM require_on_queue('RECEIVE', v_queue_id);
+    IF NOT has_permission('REFERENCES', 16::smallint, v_contract_id, v_contract_owner) THEN
+        PERFORM raise_error(229, 'REFERENCES', p_contract, current_database(),
+                            current_schema());
     END IF;
 
     IF p_related_conversation IS NOT NULL THEN

@@ -179,6 +179,16 @@ BEGIN
                        (SELECT name FROM contracts WHERE service_contract_id = p_contract_id)));
             RETURN NULL;
         END IF;
+        -- The owner of the initiating service needs SEND on the target service; without it
+        -- the initiator gets an Error message, as from SQL Server's target.
+        IF NOT may_send_to((SELECT pg_get_userbyid(principal_id) FROM service_defs
+                             WHERE name = p_service_name),
+                           v_service) THEN
+            PERFORM deliver_error(p_handle, -8494,
+                format('You do not have permission to access the service ''%s''.',
+                       p_far_service));
+            RETURN NULL;
+        END IF;
         IF NOT v_enabled THEN
             RETURN 'The target queue is disabled.';
         END IF;
@@ -321,6 +331,8 @@ BEGIN
         IF NOT FOUND THEN
             PERFORM raise_error(8426, v_handle::text);
         END IF;
+        -- RECEIVE on the sending service's queue (spec 7).
+        PERFORM require_on_queue('RECEIVE', e.service_queue_id);
         IF e.state NOT IN ('SO', 'CO') THEN
             PERFORM raise_error(8429, e.state);
         END IF;

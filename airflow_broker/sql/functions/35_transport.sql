@@ -208,6 +208,15 @@ BEGIN
                                   p_to_service, p_contract);
             RETURN;
         END IF;
+        -- The remote initiator is the login its broker's transport connects as: it needs SEND
+        -- on the target service.
+        IF NOT may_send_to(session_user, v_service) THEN
+            o_outcome := 'error';
+            o_code := -8494;
+            o_description := format('You do not have permission to access the service ''%s''.',
+                                  p_to_service);
+            RETURN;
+        END IF;
     ELSE
         v_contract := e.service_contract_id;
         SELECT s.service_queue_id, q.is_enqueue_enabled INTO v_queue, v_enabled

@@ -14,6 +14,7 @@ BEGIN
     IF q.object_id IS NULL THEN
         PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
     END IF;
+    PERFORM require_on_queue('RECEIVE', q);
     IF NOT q.is_receive_enabled THEN
         PERFORM raise_error(9617, q.name);
     END IF;

@@ -17,6 +17,10 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM raise_error(8426, p_handle::text);
     END IF;
+    -- END CONVERSATION, timers and MOVE act for the endpoint's service: RECEIVE on its queue.
+    PERFORM require_on_queue('RECEIVE',
+                             (SELECT service_queue_id FROM service_defs
+                               WHERE service_id = e.service_id));
     RETURN e;
 END
 $$;

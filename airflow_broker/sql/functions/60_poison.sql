@@ -12,6 +12,8 @@ CREATE OR REPLACE FUNCTION register_receive(p_queue_id integer, p_xid xid8, p_me
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
 BEGIN
+    -- Only a reader of the queue records receives of it: a forged record could disable it.
+    PERFORM require_on_queue('RECEIVE', p_queue_id);
     -- One registration of a queue at a time, so receive_id numbers them in the order they
     -- become visible and the resolver never meets an earlier one after a later one. (The
     -- side connection runs in autocommit: the lock lasts this statement.)

@@ -188,3 +188,14 @@ SELECT n.name, n.object_id, 'QUEUE'::text AS parent_class_desc, n.queue_id AS pa
        n.created_at AS create_date, n.service_name, n.broker_instance, n.event_types,
        n.conversation_handle
   FROM event_subscriptions n;
+
+-- The queue a BROKER_QUEUE_DISABLED event is about, and its database's name: by the event's
+-- object id, or by name for an event without one.
+CREATE OR REPLACE FUNCTION queue_of_event(p_database_id oid, p_object_id integer, p_name text)
+RETURNS TABLE (name text, schema_name text, database_name name)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT q.name, q.schema_name, d.datname
+      FROM queues q
+      LEFT JOIN pg_database d ON d.oid = p_database_id
+     WHERE q.object_id = p_object_id OR (q.name = p_name AND p_object_id IS NULL)
+$$;

@@ -13,6 +13,7 @@ BEGIN
     IF q.object_id IS NULL THEN
         PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
     END IF;
+    PERFORM require_on_queue('RECEIVE', q);
     INSERT INTO quarantine (queue_id, conversation_handle, conversation_group_id, service_name,
                             service_contract_name, message_type_name, message_sequence_number,
                             message_id, message_body, error, traceback, attempts, status,
@@ -94,3 +95,62 @@ SELECT x.quarantine_id, q.name AS queue_name, x.status, x.quarantined_at, x.atte
        x.message_type_name, x.message_sequence_number, x.message_id, x.message_body, x.error,
        x.traceback, x.resolved_at
   FROM quarantine x JOIN queues q ON q.object_id = x.queue_id;
+
+-- Poison strategies' parked messages (airflow_broker.readers.queue_reader), for the readers of
+-- their queue only.
+
+-- Which of these conversations have parked messages.
+CREATE OR REPLACE FUNCTION parked_conversations(p_handles uuid[]) RETURNS SETOF uuid
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT DISTINCT r.conversation_handle
+      FROM quarantine r JOIN queues q ON q.object_id = r.queue_id
+     WHERE r.status = 'retrying' AND r.conversation_handle = ANY(p_handles)
+       AND has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+$$;
+
+-- A conversation's parked messages, in order, locked while they are retried.
+CREATE OR REPLACE FUNCTION parked_messages(p_handle uuid)
+RETURNS TABLE (quarantine_id bigint, message_id uuid, message_type_name text,
+               message_sequence_number bigint, message_body bytea, attempts integer,
+               conversation_group_id uuid, service_name text, service_contract_name text)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM require_on_queue('RECEIVE', r.queue_id)
+       FROM quarantine r
+      WHERE r.status = 'retrying' AND r.conversation_handle = p_handle
+      LIMIT 1;
+    RETURN QUERY
+    SELECT r.quarantine_id, r.message_id, r.message_type_name, r.message_sequence_number,
+           r.message_body, r.attempts, r.conversation_group_id, r.service_name,
+           r.service_contract_name
+      FROM quarantine r
+     WHERE r.status = 'retrying' AND r.conversation_handle = p_handle
+     ORDER BY r.message_sequence_number
+       FOR UPDATE;
+END
+$$;
+
+-- What came of retrying a parked message: 'done' (removed), 'failed' (parked again) or
+-- 'quarantined' (left for a person).
+CREATE OR REPLACE FUNCTION settle_parked(p_quarantine_id bigint, p_outcome text,
+                                         p_attempts integer, p_error text, p_traceback text)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM require_on_queue('RECEIVE', r.queue_id)
+       FROM quarantine r WHERE r.quarantine_id = p_quarantine_id;
+    IF p_outcome = 'done' THEN
+        DELETE FROM quarantine WHERE quarantine_id = p_quarantine_id;
+    ELSIF p_outcome = 'failed' THEN
+        UPDATE quarantine SET attempts = p_attempts, error = p_error
+         WHERE quarantine_id = p_quarantine_id;
+    ELSIF p_outcome = 'quarantined' THEN
+        UPDATE quarantine
+           SET status = 'quarantined', attempts = p_attempts, error = p_error,
+               traceback = p_traceback
+         WHERE quarantine_id = p_quarantine_id;
+    ELSE
+        PERFORM raise_error(50106, coalesce(p_outcome, 'NULL'), 'the outcome of a retry',
+                            'done, failed or quarantined');
+    END IF;
+END
+$$;

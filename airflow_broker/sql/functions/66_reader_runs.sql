@@ -5,6 +5,7 @@
 -- A run starts: its plan (queue, readers, what the cluster can run at once) is kept with it.
 CREATE OR REPLACE FUNCTION reader_run_begin(p_run_id uuid, p_queue text, p_plan jsonb)
 RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT require_on_queue('RECEIVE', q) FROM find_queue(p_queue) q WHERE q.object_id IS NOT NULL;
     INSERT INTO reader_runs (run_id, queue_name, started_at, summary)
     VALUES (p_run_id, p_queue, utc_now(), p_plan)
     ON CONFLICT (run_id) DO UPDATE SET summary = reader_runs.summary || EXCLUDED.summary;

@@ -2,6 +2,25 @@
 -- would return something, and the Airflow inbox (V004), where a RECEIVE made for an Airflow
 -- consumer keeps its messages until the consumer has used them.
 
+-- An Airflow consumer's rows are for readers of their queues: the functions that act on a
+-- consumer's rows first check RECEIVE on each of them.
+CREATE OR REPLACE FUNCTION require_inbox_consumers(p_consumers text[])
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues;
+BEGIN
+    IF is_broker_owner() THEN
+        RETURN;
+    END IF;
+    FOR q IN SELECT f.* FROM (SELECT DISTINCT queue_name FROM airflow_inbox
+                               WHERE consumer = ANY (p_consumers)) i,
+                             find_queue(i.queue_name) f
+              WHERE f.object_id IS NOT NULL LOOP
+        PERFORM require_on_queue('RECEIVE', q);
+    END LOOP;
+END
+$$;
+
 -- The queue a trigger watches: whether it exists, and whether (and why) it is disabled.
 CREATE OR REPLACE FUNCTION airflow_queue_state(p_queue text)
 RETURNS TABLE (queue_id integer, queue_name text, schema_name text, is_receive_enabled boolean,
@@ -46,6 +65,7 @@ BEGIN
     IF q.object_id IS NULL THEN
         PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
     END IF;
+    PERFORM require_on_queue('RECEIVE', q);
     IF p_limit IS NULL OR p_limit < 0 THEN
         PERFORM raise_error(50106, coalesce(p_limit::text, 'NULL'), 'LIMIT',
                             'a number of rows of 0 or more');
@@ -165,9 +185,42 @@ $$;
 -- received.
 CREATE OR REPLACE FUNCTION airflow_claimed(p_consumer text)
 RETURNS SETOF airflow_inbox LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT require_inbox_consumers(ARRAY[p_consumer]);
     SELECT * FROM airflow_inbox
      WHERE consumer = p_consumer AND state IN ('claimed', 'delivered')
      ORDER BY inbox_id;
+$$;
+
+-- One claimed row of a consumer, to hand over.
+CREATE OR REPLACE FUNCTION airflow_fetch(p_consumer text, p_inbox_id bigint)
+RETURNS SETOF airflow_inbox LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT require_inbox_consumers(ARRAY[p_consumer]);
+    SELECT * FROM airflow_inbox
+     WHERE consumer = p_consumer AND inbox_id = p_inbox_id AND state = 'claimed';
+$$;
+
+-- Whether a consumer has rows handed over and not yet consumed (delivered in the last p_within
+-- seconds; NULL: at any time).
+CREATE OR REPLACE FUNCTION airflow_awaiting_ack(p_consumer text, p_within double precision)
+RETURNS boolean LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT require_inbox_consumers(ARRAY[p_consumer]);
+    SELECT EXISTS (
+        SELECT 1 FROM airflow_inbox
+         WHERE consumer = p_consumer AND state = 'delivered'
+           AND (p_within IS NULL
+                OR delivered_at > utc_now() - make_interval(secs => p_within)));
+$$;
+
+-- Events handed out before a reconnect are still the manager's: this session takes them over
+-- so that airflow_reclaim() does not hand them out twice.
+CREATE OR REPLACE FUNCTION airflow_take_over(p_consumer text, p_inbox_ids bigint[])
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT require_inbox_consumers(ARRAY[p_consumer]);
+    UPDATE airflow_inbox
+       SET holder_pid = pg_backend_pid(),
+           holder_started = (SELECT backend_start FROM pg_stat_activity
+                              WHERE pid = pg_backend_pid())
+     WHERE consumer = p_consumer AND inbox_id = ANY (p_inbox_ids);
 $$;
 
 -- Claimed rows of a consumer whose claiming session has gone (a triggerer that died before
@@ -178,6 +231,7 @@ DECLARE
     v_pid integer := pg_backend_pid();
     v_started timestamptz;
 BEGIN
+    PERFORM require_inbox_consumers(ARRAY[p_consumer]);
     SELECT a.backend_start INTO v_started FROM pg_stat_activity a WHERE a.pid = v_pid;
     RETURN QUERY
     WITH moved AS (
@@ -208,6 +262,7 @@ DECLARE
     v_pid integer := pg_backend_pid();
     v_started timestamptz;
 BEGIN
+    PERFORM require_inbox_consumers(ARRAY[p_consumer]);
     SELECT a.backend_start INTO v_started FROM pg_stat_activity a WHERE a.pid = v_pid;
     RETURN QUERY
     WITH stale AS (
@@ -238,6 +293,7 @@ RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_count integer;
 BEGIN
+    PERFORM require_inbox_consumers(ARRAY[p_consumer]);
     IF p_state = 'acked' THEN
         DELETE FROM airflow_inbox
          WHERE consumer = p_consumer AND (p_inbox_ids IS NULL OR inbox_id = ANY (p_inbox_ids));
@@ -275,6 +331,7 @@ DECLARE
     v_ids bigint[];
     v_consumers text[];
 BEGIN
+    PERFORM require_inbox_consumers(p_consumers);
     PERFORM 1
        FROM airflow_inbox i
        JOIN unnest(p_consumers, p_inbox_ids) w(consumer, inbox_id)

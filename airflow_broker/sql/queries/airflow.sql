@@ -45,23 +45,14 @@ SELECT inbox_id, consumer, queue_name, state, status, priority, queuing_order,
        conversation_group_id, conversation_handle, message_sequence_number, service_name,
        service_id, service_contract_name, service_contract_id, message_type_name,
        message_type_id, validation, message_body, message_id, attempts
-FROM {schema}.airflow_inbox
-WHERE consumer = %s AND inbox_id = %s AND state = 'claimed'
+FROM {schema}.airflow_fetch(%s, %s)
 
 -- inbox_awaiting_ack --
-SELECT EXISTS (
-    SELECT 1 FROM {schema}.airflow_inbox
-    WHERE consumer = %s AND state = 'delivered'
-      AND (%s::float8 IS NULL
-           OR delivered_at > {schema}.utc_now() - make_interval(secs => %s::float8)))
+-- Consumer, and how recent a delivery counts (seconds; NULL: any).
+SELECT {schema}.airflow_awaiting_ack(%s, %s::float8)
 
 -- inbox_take_over --
--- Events handed out before a reconnect are still the manager's: this session takes them over
--- so that airflow_reclaim() does not hand them out twice.
-UPDATE {schema}.airflow_inbox
-SET holder_pid = pg_backend_pid(),
-    holder_started = (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
-WHERE consumer = %s AND inbox_id = ANY(%s)
+SELECT {schema}.airflow_take_over(%s, %s::bigint[])
 
 -- inbox_settle --
 SELECT {schema}.airflow_settle(%s, %s::bigint[], %s)
@@ -91,10 +82,7 @@ SELECT w.name, ({schema}.find_queue(w.name)).object_id FROM unnest(%s::text[]) A
 
 -- disabled_queue_of_event --
 -- The queue a BROKER_QUEUE_DISABLED event is about, and its database's name.
-SELECT q.name, q.schema_name, d.datname
-FROM {schema}.queues q
-LEFT JOIN pg_database d ON d.oid = %s
-WHERE q.object_id = %s OR (q.name = %s AND %s::int IS NULL)
+SELECT * FROM {schema}.queue_of_event(%s, %s, %s)
 
 -- BrokerSetupOperator: what the broker already holds
 

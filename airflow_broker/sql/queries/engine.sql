@@ -21,10 +21,7 @@ SELECT {schema}.register_receive(%d, '%d'::xid8, '{%s}'::uuid[], %d)
 SELECT {schema}.resolve_receives(%d)
 
 -- message_type_validation --
-SELECT t.validation_kind, t.xml_collection_id, c.schemas
-FROM {schema}.message_types t
-LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)
-WHERE t.name = %s
+SELECT * FROM {schema}.message_type_validation(%s)
 
 -- queue_id --
 SELECT object_id FROM {schema}.find_queue(%s)
@@ -36,31 +33,19 @@ SELECT {schema}.utc_now()
 SELECT {schema}.advance_clock(%s)
 
 -- broker_instance --
-SELECT service_broker_guid FROM {schema}.broker_identity
+SELECT {schema}.broker_instance()
 
 -- Poison strategies' parked messages (airflow_broker.readers.queue_reader)
 
 -- parked_conversations --
-SELECT DISTINCT conversation_handle FROM {schema}.quarantine
-WHERE status = 'retrying' AND conversation_handle = ANY(%s)
+SELECT * FROM {schema}.parked_conversations(%s::uuid[])
 
 -- parked_messages --
--- A conversation's parked messages, in order, locked while they are retried.
-SELECT quarantine_id, message_id, message_type_name, message_sequence_number, message_body,
-       attempts, conversation_group_id, service_name, service_contract_name
-FROM {schema}.quarantine
-WHERE status = 'retrying' AND conversation_handle = %s
-ORDER BY message_sequence_number FOR UPDATE
+SELECT * FROM {schema}.parked_messages(%s)
 
--- parked_message_quarantined --
-UPDATE {schema}.quarantine SET status = 'quarantined', attempts = %s, error = %s, traceback = %s
-WHERE quarantine_id = %s
-
--- parked_message_failed_again --
-UPDATE {schema}.quarantine SET attempts = %s, error = %s WHERE quarantine_id = %s
-
--- parked_message_done --
-DELETE FROM {schema}.quarantine WHERE quarantine_id = %s
+-- parked_message_settle --
+-- Quarantine id, outcome (done, failed, quarantined), attempts, error, traceback.
+SELECT {schema}.settle_parked(%s, %s, %s, %s, %s)
 
 -- Quarantine (airflow_broker.poison.quarantine)
 
@@ -75,17 +60,12 @@ ORDER BY quarantined_at, quarantine_id
 -- WAITFOR's waiters, for the engine's wake-ups and the Airflow triggers alike
 -- (airflow_broker.waitfor, airflow_broker.triggers)
 
--- waiters_clear_stale --
--- Rows of waiters whose session is gone would only cause needless NOTIFYs.
-DELETE FROM {schema}.queue_waiters
-WHERE queue_id = %s AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity)
-
 -- waiter_register --
-INSERT INTO {schema}.queue_waiters (waiter_id, queue_id, backend_pid, since)
-VALUES (%s, %s, pg_backend_pid(), {schema}.utc_now()) ON CONFLICT DO NOTHING
+-- Waiter id, queue id, and whether to clear the rows of waiters whose session is gone first.
+SELECT {schema}.wait_register(%s, %s, %s)
 
 -- waiters_remove --
-DELETE FROM {schema}.queue_waiters WHERE waiter_id = ANY(%s)
+SELECT {schema}.wait_remove(%s::uuid[])
 
 -- Activation (airflow_broker.worker.activation)
 
@@ -172,7 +152,6 @@ SELECT to_regclass(%s) IS NOT NULL
 SELECT current_user::text,
        has_function_privilege('{schema}.register_receive(integer, xid8, uuid[], integer)',
                               'EXECUTE')
-       AND has_table_privilege('{schema}.receive_log', 'INSERT, UPDATE')
 
 -- Activated PostgreSQL procedures (airflow_broker.worker.procedures)
 
@@ -184,3 +163,10 @@ SELECT pg_current_xact_id()::text
 -- queue_messages, or marks it received on a queue with RETENTION.
 SELECT coalesce(sum(n_tup_del + n_tup_upd), 0)::bigint
 FROM pg_stat_xact_user_tables WHERE relid = '{schema}.queue_messages'::regclass
+
+-- Permissions (airflow_broker.permissions)
+
+-- database_permissions --
+SELECT class_desc, object_name, grantee_name, permission_name, state_desc
+FROM {schema}.database_permissions
+ORDER BY class, object_name, grantee_name, permission_name

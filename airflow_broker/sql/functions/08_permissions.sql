@@ -1,0 +1,361 @@
+-- Service Broker's permission model (GRANT, DENY and REVOKE on broker objects, owners,
+-- CONTROL) enforced inside the broker's functions, so psql, Spark, Airflow and any client get
+-- the same answer.
+--
+-- Every broker function runs with the rights of the broker schema's owner (SECURITY DEFINER,
+-- set by 99_privileges.sql), and application roles hold no right on the tables. Inside such a
+-- function current_user is the owner, and a SET ROLE of the caller is invisible: the
+-- principal a check sees is the login, session_user. Permissions granted to any role the
+-- login is a member of apply to it, as a database role's do in SQL Server; a DENY on any of
+-- them wins over every GRANT, except for the owners.
+
+INSERT INTO error_messages (error_number, text) VALUES
+    (229, 'The %s permission was denied on the object ''%s'', database ''%s'', schema ''%s''.'),
+    (262, '%s permission denied in database ''%s''.'),
+    (4613, 'Grantor does not have GRANT permission.'),
+    (15517, 'Cannot execute as the database principal because the principal "%s" does not exist, this type of principal cannot be impersonated, or you do not have permission.'),
+    (15151, 'Cannot find the %s ''%s'', because it does not exist or you do not have permission.')
+ON CONFLICT (error_number) DO UPDATE SET text = EXCLUDED.text;
+
+-- Whether the session's login is the broker schema's owner, a member of it, or a superuser:
+-- SQL Server's db_owner, for whom no permission is checked.
+CREATE OR REPLACE FUNCTION is_broker_owner() RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN pg_has_role(session_user,
+                       (SELECT nspowner FROM pg_namespace WHERE nspname = current_schema()),
+                       'MEMBER');
+END
+$$;
+
+-- Whether role p_role (NULL: the schema's owner) holds p_permission on an object of class
+-- p_class, directly, through a role it is a member of or public, through CONTROL on the object
+-- or on the database, or by owning it (p_owner; NULL: the schema's owner).
+CREATE OR REPLACE FUNCTION role_has_permission(p_role name, p_permission text, p_class smallint,
+                                               p_major_id integer, p_owner oid DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_granted boolean;
+    v_denied boolean;
+BEGIN
+    IF p_role IS NULL
+       OR pg_has_role(p_role, (SELECT nspowner FROM pg_namespace
+                                WHERE nspname = current_schema()), 'MEMBER')
+       OR (p_owner IS NOT NULL AND pg_has_role(p_role, p_owner, 'MEMBER')) THEN
+        RETURN true;
+    END IF;
+    SELECT coalesce(bool_or(p.state <> 'D'), false), coalesce(bool_or(p.state = 'D'), false)
+      INTO v_granted, v_denied
+      FROM permissions p
+     WHERE ((p.class = p_class AND p.major_id = p_major_id
+             AND p.permission IN (p_permission, 'CONTROL'))
+            OR (p.class = 0 AND p.major_id = 0
+                AND p.permission IN ('CONTROL', CASE WHEN p_class = 0 THEN p_permission END)))
+       AND (p.grantee = 0 OR pg_has_role(p_role, p.grantee, 'MEMBER'));
+    RETURN v_granted AND NOT v_denied;
+END
+$$;
+
+-- The same for the session's login.
+CREATE OR REPLACE FUNCTION has_permission(p_permission text, p_class smallint,
+                                          p_major_id integer, p_owner oid DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN role_has_permission(session_user, p_permission, p_class, p_major_id, p_owner);
+END
+$$;
+
+-- Whether p_role (NULL: the schema's owner) may send to service p_service_id.
+CREATE OR REPLACE FUNCTION may_send_to(p_role name, p_service_id integer) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN p_role IS NULL
+        OR role_has_permission(p_role, 'SEND', 17::smallint, p_service_id,
+                               (SELECT principal_id FROM service_defs
+                                 WHERE service_id = p_service_id));
+END
+$$;
+
+-- Raises 229 when the login lacks p_permission on a queue (or on the queue of a service).
+CREATE OR REPLACE FUNCTION require_on_queue(p_permission text, p_queue queues)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT has_permission(p_permission, 1::smallint, p_queue.object_id, p_queue.principal_id)
+    THEN
+        PERFORM raise_error(229, p_permission, p_queue.name, current_database(),
+                            p_queue.schema_name);
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION require_on_queue(p_permission text, p_queue_id integer)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues;
+BEGIN
+    SELECT * INTO q FROM queues WHERE object_id = p_queue_id;
+    PERFORM require_on_queue(p_permission, q);
+END
+$$;
+
+-- Raises 15151 when the login may not change (ALTER) or drop (CONTROL) an object: to it, an
+-- object it may not change might as well not exist.
+CREATE OR REPLACE FUNCTION require_on_object(p_permission text, p_class smallint,
+                                             p_major_id integer, p_owner oid, p_kind text,
+                                             p_name text)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT has_permission(p_permission, p_class, p_major_id, p_owner) THEN
+        PERFORM raise_error(15151, p_kind, p_name);
+    END IF;
+END
+$$;
+
+-- Raises 229 when the login may not reference an object (a contract in BEGIN DIALOG and
+-- CREATE SERVICE, a message type in CREATE CONTRACT, a queue in CREATE SERVICE).
+CREATE OR REPLACE FUNCTION require_references(p_class smallint, p_major_id integer,
+                                              p_owner oid, p_name text)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT has_permission('REFERENCES', p_class, p_major_id, p_owner) THEN
+        PERFORM raise_error(229, 'REFERENCES', p_name, current_database(), current_schema());
+    END IF;
+END
+$$;
+
+-- EXECUTE AS a role runs activated readers as that role: naming one needs membership of it
+-- (SQL Server: IMPERSONATE on the user), or an activated procedure would escalate.
+CREATE OR REPLACE FUNCTION check_execute_as(p_execute_as text)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF p_execute_as IS NULL OR upper(p_execute_as) IN ('SELF', 'OWNER') OR is_broker_owner() THEN
+        RETURN;
+    END IF;
+    IF to_regrole(quote_ident(p_execute_as)) IS NULL
+       OR NOT pg_has_role(session_user, to_regrole(quote_ident(p_execute_as)), 'MEMBER') THEN
+        PERFORM raise_error(15517, p_execute_as);
+    END IF;
+END
+$$;
+
+-- Raises 262 when the login may not create objects of a kind ('CREATE QUEUE', ...).
+CREATE OR REPLACE FUNCTION require_create(p_permission text)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT has_permission(p_permission, 0::smallint, 0) THEN
+        PERFORM raise_error(262, p_permission, current_database());
+    END IF;
+END
+$$;
+
+-- A securable as GRANT names it: 'SERVICE::name', 'CONTRACT::name', 'MESSAGE TYPE::name',
+-- 'QUEUE::name' (or 'OBJECT::name', or a bare queue name) and 'DATABASE'. Returns its class,
+-- id, owner and the permissions it has; 15151 when there is no such object.
+CREATE OR REPLACE FUNCTION securable(p_securable text,
+    OUT class smallint, OUT major_id integer, OUT owner oid, OUT kind text, OUT name text,
+    OUT permissions text[])
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_kind text := upper(CASE WHEN position('::' IN coalesce(p_securable, '')) > 0
+                              THEN split_part(p_securable, '::', 1) END);
+    v_name text := CASE WHEN position('::' IN coalesce(p_securable, '')) > 0
+                        THEN substr(p_securable, position('::' IN p_securable) + 2)
+                        ELSE p_securable END;
+    q queues;
+BEGIN
+    name := v_name;
+    IF upper(p_securable) = 'DATABASE' THEN
+        class := 0; major_id := 0; kind := 'database'; name := current_database();
+        permissions := ARRAY['CONTROL', 'CREATE QUEUE', 'CREATE SERVICE', 'CREATE CONTRACT',
+                             'CREATE MESSAGE TYPE', 'CREATE ROUTE'];
+    ELSIF v_kind = 'SERVICE' THEN
+        class := 17; kind := 'service';
+        SELECT s.service_id, s.principal_id INTO major_id, owner
+          FROM service_defs s WHERE s.name = v_name;
+        permissions := ARRAY['SEND', 'CONTROL', 'ALTER', 'TAKE OWNERSHIP', 'VIEW DEFINITION'];
+    ELSIF v_kind = 'CONTRACT' THEN
+        class := 16; kind := 'contract';
+        SELECT c.service_contract_id, c.principal_id INTO major_id, owner
+          FROM contracts c WHERE c.name = v_name;
+        permissions := ARRAY['REFERENCES', 'CONTROL', 'ALTER', 'TAKE OWNERSHIP',
+                             'VIEW DEFINITION'];
+    ELSIF v_kind = 'MESSAGE TYPE' THEN
+        class := 15; kind := 'message type';
+        SELECT t.message_type_id, t.principal_id INTO major_id, owner
+          FROM message_types t WHERE t.name = v_name;
+        permissions := ARRAY['REFERENCES', 'CONTROL', 'ALTER', 'TAKE OWNERSHIP',
+                             'VIEW DEFINITION'];
+    ELSIF v_kind IS NULL OR v_kind IN ('QUEUE', 'OBJECT') THEN
+        class := 1; kind := 'queue';
+        q := find_queue(v_name);
+        major_id := q.object_id; owner := q.principal_id;
+        permissions := ARRAY['RECEIVE', 'CONTROL', 'ALTER', 'REFERENCES', 'TAKE OWNERSHIP',
+                             'VIEW DEFINITION'];
+    ELSE
+        PERFORM raise_error(102, coalesce(v_kind, p_securable));
+    END IF;
+    IF major_id IS NULL THEN
+        PERFORM raise_error(15151, kind, coalesce(v_name, 'NULL'));
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION principal_oid(p_principal text) RETURNS oid
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_oid oid;
+BEGIN
+    IF lower(p_principal) = 'public' THEN
+        RETURN 0;
+    END IF;
+    SELECT oid INTO v_oid FROM pg_roles WHERE rolname = p_principal;
+    IF v_oid IS NULL THEN
+        PERFORM raise_error(15151, 'user', coalesce(p_principal, 'NULL'));
+    END IF;
+    RETURN v_oid;
+END
+$$;
+
+-- GRANT / DENY / REVOKE p_permission ON p_securable TO p_principal. The owner of the object,
+-- a holder of CONTROL on it and a holder of the permission WITH GRANT OPTION may grant it
+-- (a DENY needs CONTROL); anyone else gets 4613 and nothing changes.
+CREATE OR REPLACE FUNCTION change_permission(p_action text, p_permission text,
+                                             p_securable text, p_principal text,
+                                             p_with_grant_option boolean DEFAULT false,
+                                             p_cascade boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    s record := securable(p_securable);
+    v_permission text := upper(btrim(p_permission));
+    v_grantee oid;
+    v_may boolean;
+BEGIN
+    IF v_permission IS NULL OR NOT v_permission = ANY (s.permissions) THEN
+        PERFORM raise_error(102, coalesce(p_permission, 'NULL'));
+    END IF;
+    v_grantee := principal_oid(p_principal);
+    v_may := has_permission('CONTROL', s.class, s.major_id, s.owner);
+    IF NOT v_may AND p_action = 'GRANT' THEN
+        v_may := EXISTS (
+            SELECT 1 FROM permissions p
+             WHERE p.class = s.class AND p.major_id = s.major_id
+               AND p.permission = v_permission AND p.state = 'W'
+               AND (p.grantee = 0 OR pg_has_role(session_user, p.grantee, 'MEMBER')));
+    END IF;
+    IF NOT v_may THEN
+        PERFORM raise_error(4613);
+    END IF;
+    IF p_action = 'REVOKE' THEN
+        DELETE FROM permissions
+         WHERE class = s.class AND major_id = s.major_id AND grantee = v_grantee
+           AND permission = v_permission;
+    ELSE
+        INSERT INTO permissions (class, major_id, grantee, permission, state, grantor)
+        VALUES (s.class, s.major_id, v_grantee, v_permission,
+                CASE WHEN p_action = 'DENY' THEN 'D'
+                     WHEN coalesce(p_with_grant_option, false) THEN 'W' ELSE 'G' END,
+                (SELECT oid FROM pg_roles WHERE rolname = session_user))
+        ON CONFLICT (class, major_id, grantee, permission)
+        DO UPDATE SET state = EXCLUDED.state, grantor = EXCLUDED.grantor;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION grant_permission(p_permission text, p_securable text,
+                                            p_principal text,
+                                            p_with_grant_option boolean DEFAULT false)
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT change_permission('GRANT', p_permission, p_securable, p_principal,
+                             p_with_grant_option)
+$$;
+
+CREATE OR REPLACE FUNCTION deny_permission(p_permission text, p_securable text,
+                                           p_principal text)
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT change_permission('DENY', p_permission, p_securable, p_principal)
+$$;
+
+CREATE OR REPLACE FUNCTION revoke_permission(p_permission text, p_securable text,
+                                             p_principal text)
+RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT change_permission('REVOKE', p_permission, p_securable, p_principal)
+$$;
+
+-- ALTER AUTHORIZATION ON <securable> TO <principal>; 'SCHEMA OWNER' gives the object back to
+-- the broker schema's owner. Needs CONTROL on the object (or TAKE OWNERSHIP, to take it for
+-- oneself).
+CREATE OR REPLACE FUNCTION alter_authorization(p_securable text, p_principal text)
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    s record := securable(p_securable);
+    v_owner oid;
+BEGIN
+    IF s.class = 0 THEN
+        PERFORM raise_error(102, p_securable);
+    END IF;
+    IF upper(p_principal) <> 'SCHEMA OWNER' THEN
+        v_owner := principal_oid(p_principal);
+    END IF;
+    IF NOT (has_permission('CONTROL', s.class, s.major_id, s.owner)
+            OR (p_principal = session_user
+                AND has_permission('TAKE OWNERSHIP', s.class, s.major_id, s.owner))) THEN
+        PERFORM raise_error(15151, s.kind, s.name);
+    END IF;
+    CASE s.class
+        WHEN 1 THEN UPDATE queues SET principal_id = v_owner WHERE object_id = s.major_id;
+        WHEN 15 THEN UPDATE message_types SET principal_id = v_owner
+                      WHERE message_type_id = s.major_id;
+        WHEN 16 THEN UPDATE contracts SET principal_id = v_owner
+                      WHERE service_contract_id = s.major_id;
+        WHEN 17 THEN UPDATE service_defs SET principal_id = v_owner
+                      WHERE service_id = s.major_id;
+    END CASE;
+END
+$$;
+
+-- The owner a CREATE statement records: its AUTHORIZATION clause, which only the schema's
+-- owner may set to another principal (SQL Server: IMPERSONATE), or NULL for the schema's owner.
+CREATE OR REPLACE FUNCTION creation_owner(p_authorization text) RETURNS oid
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_owner oid;
+BEGIN
+    IF p_authorization IS NOT NULL THEN
+        v_owner := principal_oid(p_authorization);
+        IF NOT (is_broker_owner() OR pg_has_role(session_user, v_owner, 'MEMBER')) THEN
+            PERFORM raise_error(15151, 'user', p_authorization);
+        END IF;
+        RETURN v_owner;
+    END IF;
+    IF is_broker_owner() THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT oid FROM pg_roles WHERE rolname = session_user);
+END
+$$;
+
+-- sys.database_permissions, for the broker's objects.
+CREATE OR REPLACE VIEW database_permissions AS
+SELECT p.class,
+       CASE p.class WHEN 0 THEN 'DATABASE' WHEN 1 THEN 'OBJECT_OR_COLUMN'
+                    WHEN 15 THEN 'MESSAGE_TYPE' WHEN 16 THEN 'SERVICE_CONTRACT'
+                    WHEN 17 THEN 'SERVICE' WHEN 19 THEN 'ROUTE' END AS class_desc,
+       p.major_id,
+       CASE p.class WHEN 0 THEN current_database()::text
+                    WHEN 1 THEN (SELECT name FROM queues WHERE object_id = p.major_id)
+                    WHEN 15 THEN (SELECT name FROM message_types
+                                   WHERE message_type_id = p.major_id)
+                    WHEN 16 THEN (SELECT name FROM contracts
+                                   WHERE service_contract_id = p.major_id)
+                    WHEN 17 THEN (SELECT name FROM service_defs WHERE service_id = p.major_id)
+       END AS object_name,
+       0 AS minor_id,
+       p.grantee AS grantee_principal_id,
+       CASE p.grantee WHEN 0 THEN 'public' ELSE pg_get_userbyid(p.grantee)::text END
+           AS grantee_name,
+       p.grantor AS grantor_principal_id,
+       p.permission AS permission_name,
+       p.state,
+       CASE p.state WHEN 'G' THEN 'GRANT' WHEN 'W' THEN 'GRANT_WITH_GRANT_OPTION'
+                    ELSE 'DENY' END AS state_desc
+  FROM permissions p;

@@ -1,0 +1,53 @@
+-- Who may call what. Applied after every other file of this folder (install() applies it
+-- again whenever one of them changes, since CREATE OR REPLACE resets a function's security).
+--
+-- Every function runs with the rights of the broker schema's owner: application roles hold
+-- no right on the tables, so the functions' own permission checks (08_permissions.sql) are
+-- the only way in. The statements an application runs are executable by everyone and check
+-- the caller's broker permissions; everything else (delivery between brokers, the worker's
+-- passes, activation, administration without a permission of its own) is for the schema's
+-- owner and its members alone.
+
+DO $$
+DECLARE
+    f regprocedure;
+    v_public boolean;
+BEGIN
+    FOR f, v_public IN
+        SELECT p.oid::regprocedure, p.proname = ANY (ARRAY[
+                   -- The statements, which check SEND, RECEIVE and REFERENCES themselves.
+                   'begin_dialog', 'send', 'send_if_open', 'send_many', 'receive',
+                   'get_conversation_group', 'end_conversation', 'end_conversation_with_error',
+                   'begin_conversation_timer', 'move_conversation', 'get_transmission_status',
+                   'find_queue', 'message_type_validation', 'broker_instance',
+                   'utc_now', 'max_message_size',
+                   -- A reader's own records: poison detection, WAITFOR, quarantine, runs.
+                   'register_receive', 'resolve_receives', 'wait_register', 'wait_remove',
+                   'quarantine_message', 'parked_conversations', 'parked_messages',
+                   'settle_parked', 'reader_run_begin', 'reader_run_summary',
+                   'reader_run_finish', 'reader_attempt_begin', 'reader_attempt_progress',
+                   'reader_attempt_end', 'activation_ended',
+                   -- The Airflow provider's inbox, for readers of the consumers' queues.
+                   'airflow_queue_state', 'airflow_peek', 'airflow_claim', 'airflow_claimed',
+                   'airflow_fetch', 'airflow_awaiting_ack', 'airflow_take_over',
+                   'airflow_reclaim', 'airflow_redeliver', 'airflow_settle', 'airflow_consume',
+                   'airflow_ack', 'queue_of_event',
+                   -- DDL and permissions, which check CREATE, ALTER and CONTROL.
+                   'create_queue', 'alter_queue', 'drop_queue', 'create_service',
+                   'alter_service', 'drop_service', 'create_contract', 'drop_contract',
+                   'create_message_type', 'alter_message_type', 'drop_message_type',
+                   'grant_permission', 'deny_permission', 'revoke_permission',
+                   'alter_authorization', 'has_permission', 'is_broker_owner'])
+          FROM pg_proc p
+         WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+    LOOP
+        EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER', f);
+        EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', f);
+        IF v_public THEN
+            EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO PUBLIC', f);
+        END IF;
+    END LOOP;
+    EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM PUBLIC', current_schema());
+END
+$$;
+

@@ -1,0 +1,97 @@
+"""Two applications in one broker schema, each logged in as its own role with the grants of
+its own objects: each runs its dialogs end to end, and neither can read, delete, inject into,
+end or disable the other's conversations and queues."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from airflow_broker import Broker
+from airflow_broker.errors import ObjectPermissionDenied
+from tests.support import roles
+from tests.support.privileges import Application, login, snapshot
+
+A = Application("a_")
+B = Application("b_")
+
+
+@dataclass
+class Apps:
+    dsn: str
+    a: str
+    b: str
+    # B's dialog: its initiator handle, and its target handle with one message waiting.
+    b_initiator: uuid.UUID
+    b_target: uuid.UUID
+
+
+@pytest.fixture
+def apps(owned_dsn: str) -> Iterator[Apps]:
+    with Broker(owned_dsn) as admin, admin.transaction() as tx:
+        A.create(tx)
+        B.create(tx)
+        b_initiator = tx.begin_dialog("b_I", "b_T", "b_C")
+        tx.send(b_initiator, "b_Req", b"b's secret")
+    with psycopg.connect(owned_dsn) as conn:
+        row = conn.execute("SELECT far_handle FROM broker.endpoints"
+                           " WHERE conversation_handle = %s", [b_initiator]).fetchone()
+    assert row is not None
+    with roles.role(owned_dsn, *roles.APPLICATION_GRANTS, *A.sender_grants(),
+                    *A.reader_grants(), prefix="app_a", login=True) as a, \
+            roles.role(owned_dsn, *roles.APPLICATION_GRANTS, *B.sender_grants(),
+                       *B.reader_grants(), prefix="app_b", login=True) as b:
+        yield Apps(owned_dsn, a, b, b_initiator, row[0])
+
+
+def test_each_application_runs_its_own_dialogs(apps: Apps) -> None:
+    with login(apps.dsn, apps.a) as a:
+        with a.transaction() as tx:
+            handle = tx.begin_dialog("a_I", "a_T", "a_C")
+            tx.send(handle, "a_Req", b"order")
+        with a.transaction() as tx:
+            (request,) = tx.receive("a_q_t", waitfor=True, timeout=5)
+            tx.send(request.conversation_handle, "a_Resp", b"done")
+            tx.end_conversation(request.conversation_handle)
+        with a.transaction() as tx:
+            assert [m.message_body for m in tx.receive("a_q_i")] == [b"done", None]
+    with login(apps.dsn, apps.b) as b, b.transaction() as tx:
+        assert [m.message_body for m in tx.receive("b_q_t")] == [b"b's secret"]
+
+
+@pytest.mark.parametrize("attempt", [
+    "receive", "peek through get_conversation_group", "send on its conversation",
+    "reply on its conversation", "end its conversation", "begin a dialog from its service",
+    "record fake receives of its queue",
+])
+def test_an_application_cannot_touch_anothers_conversations(apps: Apps, attempt: str) -> None:
+    before = snapshot(apps.dsn)
+    with login(apps.dsn, apps.a) as a, pytest.raises(ObjectPermissionDenied) as denied, \
+            a.transaction() as tx:
+        if attempt == "receive":
+            tx.receive("b_q_t")
+        elif attempt == "peek through get_conversation_group":
+            tx.get_conversation_group("b_q_t")
+        elif attempt == "send on its conversation":
+            tx.send(apps.b_initiator, "b_Req", b"injected")
+        elif attempt == "reply on its conversation":
+            tx.send(apps.b_target, "b_Resp", b"forged reply")
+        elif attempt == "end its conversation":
+            tx.end_conversation(apps.b_target)
+        elif attempt == "begin a dialog from its service":
+            tx.begin_dialog("b_I", "b_T", "b_C")
+        else:
+            # Rolled-back receives it never made would disable B's queue.
+            tx.run(b"SELECT broker.register_receive("
+                   b"(broker.find_queue('b_q_t')).object_id, '1'::xid8,"
+                   b" ARRAY[gen_random_uuid()], 1)")
+    assert denied.value.number == 229
+    assert "b_q_" in str(denied.value) or "b_C" in str(denied.value)
+    assert snapshot(apps.dsn) == before
+    # B's message is still there for B.
+    with login(apps.dsn, apps.b) as b, b.transaction() as tx:
+        assert [m.message_body for m in tx.receive("b_q_t")] == [b"b's secret"]

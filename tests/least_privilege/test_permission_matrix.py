@@ -1,0 +1,218 @@
+"""Every statement against every role: a sender, a reader, an administrator and an outsider,
+each logged in as itself with the documented grants (docs/security.md). An allowed statement
+does what it says; a denied one fails with SQL Server's number and leaves the database as it
+was."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from airflow_broker import Broker
+from airflow_broker.errors import BrokerError
+from airflow_broker.transaction import Transaction
+from tests.support import roles
+from tests.support.privileges import Application, login, snapshot
+
+APP = Application("")
+ROLES = ("sender", "reader", "administrator", "outsider")
+
+
+@dataclass
+class Setup:
+    """A dialog I -> T with one message waiting in q_t, and a second dialog of I to move the
+    first one's group into."""
+
+    dsn: str
+    initiator: uuid.UUID
+    target: uuid.UUID
+    other_group: uuid.UUID
+
+
+@dataclass(frozen=True)
+class Statement:
+    run: Callable[[Transaction, Setup], object]
+    allowed: frozenset[str]
+    denied_with: int
+    # GET CONVERSATION GROUP only locks: its effect is its (asserted) result.
+    changes: bool = True
+
+
+def begin_dialog(tx: Transaction, s: Setup) -> object:
+    return tx.begin_dialog("I", "T", "C")
+
+
+def send(tx: Transaction, s: Setup) -> object:
+    tx.send(s.initiator, "Req", b"second")
+    return None
+
+
+def send_reply(tx: Transaction, s: Setup) -> object:
+    tx.send(s.target, "Resp", b"reply")
+    return None
+
+
+def receive(tx: Transaction, s: Setup) -> object:
+    (message,) = tx.receive("q_t")
+    assert message.message_body == b"first"
+    return message
+
+
+def get_conversation_group(tx: Transaction, s: Setup) -> object:
+    group = tx.get_conversation_group("q_t")
+    assert group is not None
+    return group
+
+
+def end_conversation(tx: Transaction, s: Setup) -> object:
+    tx.end_conversation(s.target)
+    return None
+
+
+def timer(tx: Transaction, s: Setup) -> object:
+    tx.begin_conversation_timer(s.initiator, 60)
+    return None
+
+
+def move(tx: Transaction, s: Setup) -> object:
+    tx.move_conversation(s.initiator, s.other_group)
+    return None
+
+
+def create_queue(tx: Transaction, s: Setup) -> object:
+    return tx.create_queue("q_new")
+
+
+def create_service(tx: Transaction, s: Setup) -> object:
+    return tx.create_service("S_new", "q_t", ["C"])
+
+
+def create_contract(tx: Transaction, s: Setup) -> object:
+    return tx.create_contract("C_new", {"Req": "ANY"})
+
+
+def create_message_type(tx: Transaction, s: Setup) -> object:
+    return tx.create_message_type("M_new")
+
+
+def alter_queue(tx: Transaction, s: Setup) -> object:
+    tx.alter_queue("q_t", retention=True)
+    return None
+
+
+def drop_queue(tx: Transaction, s: Setup) -> object:
+    tx.drop_queue("q_spare")
+    return None
+
+
+def grant(tx: Transaction, s: Setup) -> object:
+    tx.grant("RECEIVE", "QUEUE::q_t", "public")
+    return None
+
+
+STATEMENTS = {
+    "BEGIN DIALOG": Statement(begin_dialog, frozenset({"sender", "administrator"}), 229),
+    "SEND": Statement(send, frozenset({"sender", "administrator"}), 229),
+    "SEND reply": Statement(send_reply, frozenset({"reader", "administrator"}), 229),
+    "RECEIVE": Statement(receive, frozenset({"reader", "administrator"}), 229),
+    "GET CONVERSATION GROUP": Statement(
+        get_conversation_group, frozenset({"reader", "administrator"}), 229, changes=False),
+    "END CONVERSATION": Statement(
+        end_conversation, frozenset({"reader", "administrator"}), 229),
+    "BEGIN CONVERSATION TIMER": Statement(timer, frozenset({"sender", "administrator"}), 229),
+    "MOVE CONVERSATION": Statement(move, frozenset({"sender", "administrator"}), 229),
+    "CREATE QUEUE": Statement(create_queue, frozenset({"administrator"}), 262),
+    "CREATE SERVICE": Statement(create_service, frozenset({"administrator"}), 262),
+    "CREATE CONTRACT": Statement(create_contract, frozenset({"administrator"}), 262),
+    "CREATE MESSAGE TYPE": Statement(create_message_type, frozenset({"administrator"}), 262),
+    "ALTER QUEUE": Statement(alter_queue, frozenset({"administrator"}), 15151),
+    "DROP QUEUE": Statement(drop_queue, frozenset({"administrator"}), 15151),
+    "GRANT": Statement(grant, frozenset({"administrator"}), 4613),
+}
+
+GRANTS = {
+    "sender": APP.sender_grants(),
+    "reader": APP.reader_grants(),
+    "administrator": (roles.broker_grant("CONTROL", "DATABASE"),),
+    "outsider": (),
+}
+
+
+@pytest.fixture
+def setup(owned_dsn: str) -> Setup:
+    with Broker(owned_dsn) as admin, admin.transaction() as tx:
+        APP.create(tx)
+        tx.create_queue("q_spare")
+        initiator = tx.begin_dialog("I", "T", "C")
+        tx.send(initiator, "Req", b"first")
+        other = tx.begin_dialog("I", "T", "C")
+    with Broker(owned_dsn) as admin, admin.transaction() as tx:
+        target = tx.scalar(b"SELECT far_handle FROM broker.endpoints"
+                           b" WHERE conversation_handle = %s", [initiator])
+        other_group = tx.scalar(b"SELECT conversation_group_id FROM broker.endpoints"
+                                b" WHERE conversation_handle = %s", [other])
+    return Setup(owned_dsn, initiator, target, other_group)
+
+
+@pytest.fixture(params=ROLES)
+def principal(request: pytest.FixtureRequest, setup: Setup) -> Iterator[tuple[str, str]]:
+    """(kind, role name): a login role with the grants of its kind."""
+    kind: str = request.param
+    with roles.role(setup.dsn, *roles.APPLICATION_GRANTS, *GRANTS[kind],
+                    prefix=kind[:8], login=True) as name:
+        yield kind, name
+
+
+@pytest.mark.parametrize("statement", list(STATEMENTS))
+def test_each_statement_is_allowed_or_denied_by_permission(
+        statement: str, principal: tuple[str, str], setup: Setup) -> None:
+    kind, name = principal
+    case = STATEMENTS[statement]
+    before = snapshot(setup.dsn)
+    with login(setup.dsn, name) as app:
+        if kind in case.allowed:
+            with app.transaction() as tx:
+                case.run(tx, setup)
+            if case.changes:
+                assert snapshot(setup.dsn) != before, f"{statement} as {kind} did nothing"
+            return
+        with pytest.raises(BrokerError) as denied, app.transaction() as tx:
+            case.run(tx, setup)
+    assert denied.value.number == case.denied_with, denied.value
+    assert snapshot(setup.dsn) == before
+
+
+@pytest.mark.parametrize("table", ["queue_messages", "endpoints", "route_defs", "permissions",
+                                   "receive_log", "quarantine"])
+def test_no_application_role_reads_or_writes_a_table(
+        table: str, principal: tuple[str, str], setup: Setup) -> None:
+    """Every way in goes through the functions' checks: no role, the administrator's
+    included, holds a right on the tables themselves."""
+    _, name = principal
+    with psycopg.connect(roles.login_dsn(setup.dsn, name)) as conn:
+        for statement in (f"SELECT * FROM broker.{table}", f"DELETE FROM broker.{table}"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement.encode())
+            conn.rollback()
+
+
+@pytest.mark.parametrize("call", [
+    "broker.enqueue_local(%s, 3, 'forged'::bytea, 5::smallint)",
+    "broker.deliver_error(%s, -8494, 'forged')",
+    "broker.end_conversation_with_cleanup(%s)",
+    "broker.poison_disable((broker.find_queue('q_t')).object_id, 5, '{}'::uuid[])",
+])
+def test_internal_functions_are_the_owners_alone(
+        call: str, principal: tuple[str, str], setup: Setup) -> None:
+    """What delivery, the worker and the administrator use inside the broker (injecting a
+    message, failing a conversation, disabling a queue) is not executable by applications."""
+    _, name = principal
+    before = snapshot(setup.dsn)
+    with psycopg.connect(roles.login_dsn(setup.dsn, name)) as conn, \
+            pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(f"SELECT {call}".encode(), [setup.target] if "%s" in call else [])
+    assert snapshot(setup.dsn) == before
