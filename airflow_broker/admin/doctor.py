@@ -321,6 +321,18 @@ def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> It
             "recreate the notification")
 
 
+def check_permissions(conn: psycopg.Connection[tuple[Any, ...]],
+                      schema: str) -> Iterator[Finding]:
+    for grantee, tables in _rows(conn, "doctor_table_grants", schema):
+        yield Finding(
+            ERROR, "permissions", grantee,
+            f"holds rights on the broker's tables ({tables}), which pass by every SEND, "
+            "RECEIVE and REFERENCES check: what applications needed before the broker "
+            "enforced its permissions (docs/security.md)",
+            f"REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {grantee}; then grant broker "
+            "permissions (broker.grant_permission)")
+
+
 CHECKS: dict[str, Check] = {
     "queues": check_queues,
     "messages": check_oversized_messages,
@@ -330,6 +342,7 @@ CHECKS: dict[str, Check] = {
     "transmission queue": check_transmission_queue,
     "routes": check_routes,
     "services": check_services,
+    "permissions": check_permissions,
 }
 
 

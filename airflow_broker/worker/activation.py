@@ -12,7 +12,8 @@ EXECUTE AS a role name runs the reader as that role by authenticating as it: its
 worker's with the role as the user and without the worker's password or client certificate, so
 libpq finds the role's own credentials (a password file, PGPASSFILE, or the server's
 authentication rules). A reader that could undo a SET ROLE could become the worker's login;
-one that logged in as its role cannot. SELF and OWNER run as the broker's own login. A reader's
+one that logged in as its role cannot. SELF and OWNER log in as the queue's owner, and run as
+the broker's own login for a queue of the schema's owner, whose rights it has. A reader's
 environment is the worker's minus every credential: only the variables of READER_ENVIRONMENT
 and of AIRFLOW_BROKER_READER_ENV pass. Every reader's start, end, outcome, messages and error
 go to ``activation_log``.
@@ -91,7 +92,8 @@ def activation_command(procedure: str) -> list[str]:
 
 
 def role_for(execute_as: str | None) -> str | None:
-    """The role a reader logs in as for EXECUTE AS (SELF and OWNER: the broker's own login)."""
+    """The role a reader logs in as for EXECUTE AS, as monitored_queues resolves it (SELF and
+    OWNER name the queue's owner there; left as such, the broker's own login)."""
     if execute_as is None or execute_as.upper() in ("SELF", "OWNER", "CALLER"):
         return None
     return execute_as

@@ -507,6 +507,33 @@ def test_T_AC_a_postgresql_procedure_drains_its_queue_as_its_role(
         manager.close()
 
 
+def test_T_AC_execute_as_owner_logs_in_as_the_queues_owner(
+    activation_app: App, login_role: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EXECUTE AS OWNER on a queue a role owns runs its procedure as that role, never as the
+    worker's login: owning a queue is not a way to the worker's rights."""
+    broker = activation_app.broker
+    monkeypatch.delenv(TARGETS_VARIABLE)
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
+        conn.execute(DRAIN_PROCEDURE)
+    manager = ActivationManager(broker)
+    try:
+        with broker.transaction() as tx:
+            tx.alter_authorization("QUEUE::q_t", login_role)
+            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                           activation_procedure="public.usp_drain", execute_as="OWNER")
+        fill(activation_app, 2, 1)
+        assert manager.step() == 1
+        wait_until(lambda: all_exited(manager), "the procedure's reader to finish")
+        assert count(broker, "SELECT count(*) FROM public.processed") == 2
+        assert count(broker, "SELECT count(*) FROM public.reader_identity"
+                             " WHERE role_name <> %s", (login_role,)) == 0
+        assert count(broker, "SELECT count(*) FROM public.reader_identity") > 0
+    finally:
+        manager.stop(timeout=30)
+        manager.close()
+
+
 def test_T_AC_a_failing_procedure_counts_for_poison_detection(
     activation_app: App, login_role: str
 ) -> None:

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench import Options, PgmqUnavailable, run
+from bench import Options, PgmqUnavailable, permission_cost, run
 from bench.cross_db import far_database_name
 from bench.harness import SCENARIOS, Env
 from bench.spark_readers import drain, missing_requirements
@@ -103,3 +103,22 @@ def test_spark_scenario_without_java_says_so_and_does_not_fail(
     assert scenario.status == "unavailable"
     assert "Java" in scenario.note and not scenario.rows
     assert said and "Java" in said[0]
+
+
+def test_permission_cost_measures_before_and_after_side_by_side(bench_dsn: str) -> None:
+    """bench.permission_cost installs the schema of the commit before the permission checks
+    next to the current one and reports both for each variant, then leaves nothing behind."""
+    report = permission_cost.run(Options(rounds=1, seconds=0.2, dsn=bench_dsn),
+                                 permission_cost.default_before())
+    rows = {line.split("|")[1].strip(): line for line in report.splitlines()
+            if line.startswith("| ") and line.split("|")[3].strip().endswith("x")}
+    assert set(rows) == {"before, application", "after, application", "after, schema owner"}
+    for line in rows.values():
+        send, receive = (float(cell.strip().replace(",", ""))
+                         for cell in line.split("|")[2:5:2])
+        assert send > 0 and receive > 0
+    with psycopg.connect(bench_dsn) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'broker%'"
+                            " UNION ALL SELECT rolname FROM pg_roles"
+                            " WHERE rolname = 'bench_application'").fetchall()
+    assert left == []

@@ -16,6 +16,7 @@ import pytest
 
 import airflow_broker.spark.reader as spark_reader
 from airflow_broker.poison import quarantine
+from tests.support import roles
 from tests.support.brokers import App
 from tests.support.helpers import count
 
@@ -94,12 +95,20 @@ def assert_exactly_once_in_order(app: App, expected: int) -> None:
 
 @pytest.mark.slow
 def test_spark_readers_process_2000_messages_exactly_once(trading: App) -> None:
+    """As docs/security.md's Spark reader: a login with RECEIVE on its queue (and the rights
+    its handler needs on the application's own tables), nothing on the broker's tables."""
     good = send_trades(trading, 200, 10, 50, bad_every=97)
     assert good == 2000 - 20
-    job = spark_submit(trading.broker.dsn, "--queue", "q_t",
-                       "--handler", "tests.support.reader_handlers:book_trade", "--readers", "2",
-                       "--batch-size", "50", "--idle-exit", "3", "--reply-message-type", "Resp")
-    output, _ = job.communicate(timeout=600)
+    with roles.role(trading.broker.dsn, *roles.APPLICATION_GRANTS,
+                    roles.broker_grant("RECEIVE", "QUEUE::q_t"),
+                    "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {}",
+                    "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {}",
+                    prefix="spark", login=True) as reader:
+        job = spark_submit(roles.login_dsn(trading.broker.dsn, reader), "--queue", "q_t",
+                           "--handler", "tests.support.reader_handlers:book_trade",
+                           "--readers", "2", "--batch-size", "50", "--idle-exit", "3",
+                           "--reply-message-type", "Resp")
+        output, _ = job.communicate(timeout=600)
     assert job.returncode == 0, output[-3000:]
     summary = summary_of(output)
     assert summary["readers"] == 2

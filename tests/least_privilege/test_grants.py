@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker.admin.doctor import diagnose
 from airflow_broker.errors import (
     BrokerError,
     CannotImpersonate,
@@ -185,3 +187,17 @@ def test_a_bad_grant_is_refused_and_changes_nothing(objects: str, permission: st
         tx.grant(permission, securable, grantee)
     assert refused.value.number == number
     assert snapshot(objects) == before
+
+
+def test_doctor_reports_rights_on_the_tables_left_from_before(objects: str) -> None:
+    """Rights on the tables pass by every check: a role still holding them from an earlier
+    recipe is an error of the doctor's, with the REVOKE that fixes it."""
+    with roles.role(objects, "GRANT SELECT, DELETE ON broker.queue_messages TO {}",
+                    prefix="legacy") as legacy, Broker(objects) as b:
+        findings = [f for f in diagnose(b).findings if f.check == "permissions"]
+        assert [(f.subject, f.severity) for f in findings] == [(legacy, "error")]
+        assert "queue_messages" in findings[0].problem
+        assert "REVOKE ALL ON ALL TABLES IN SCHEMA broker" in findings[0].fix
+        with psycopg.connect(objects, autocommit=True) as conn:
+            conn.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA broker FROM "{legacy}"'.encode())
+        assert [f for f in diagnose(b).findings if f.check == "permissions"] == []

@@ -33,26 +33,23 @@ $$;
 -- or on the database, or by owning it (p_owner; NULL: the schema's owner).
 CREATE OR REPLACE FUNCTION role_has_permission(p_role name, p_permission text, p_class smallint,
                                                p_major_id integer, p_owner oid DEFAULT NULL)
+-- One statement: SEND and RECEIVE run this on every call, and each statement a PL/pgSQL
+-- function runs costs a round through the executor. The grants are read only when the role
+-- owns neither the schema nor the object.
 RETURNS boolean LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    v_granted boolean;
-    v_denied boolean;
 BEGIN
-    IF p_role IS NULL
-       OR pg_has_role(p_role, (SELECT nspowner FROM pg_namespace
-                                WHERE nspname = current_schema()), 'MEMBER')
-       OR (p_owner IS NOT NULL AND pg_has_role(p_role, p_owner, 'MEMBER')) THEN
-        RETURN true;
-    END IF;
-    SELECT coalesce(bool_or(p.state <> 'D'), false), coalesce(bool_or(p.state = 'D'), false)
-      INTO v_granted, v_denied
-      FROM permissions p
-     WHERE ((p.class = p_class AND p.major_id = p_major_id
-             AND p.permission IN (p_permission, 'CONTROL'))
-            OR (p.class = 0 AND p.major_id = 0
-                AND p.permission IN ('CONTROL', CASE WHEN p_class = 0 THEN p_permission END)))
-       AND (p.grantee = 0 OR pg_has_role(p_role, p.grantee, 'MEMBER'));
-    RETURN v_granted AND NOT v_denied;
+    RETURN p_role IS NULL
+        OR pg_has_role(p_role, (SELECT nspowner FROM pg_namespace
+                                 WHERE nspname = current_schema()), 'MEMBER')
+        OR (p_owner IS NOT NULL AND pg_has_role(p_role, p_owner, 'MEMBER'))
+        OR (SELECT coalesce(bool_or(p.state <> 'D') AND NOT bool_or(p.state = 'D'), false)
+              FROM permissions p
+             WHERE ((p.class = p_class AND p.major_id = p_major_id
+                     AND p.permission IN (p_permission, 'CONTROL'))
+                    OR (p.class = 0 AND p.major_id = 0
+                        AND p.permission IN ('CONTROL',
+                                             CASE WHEN p_class = 0 THEN p_permission END)))
+               AND (p.grantee = 0 OR pg_has_role(p_role, p.grantee, 'MEMBER')));
 END
 $$;
 
@@ -80,8 +77,8 @@ $$;
 CREATE OR REPLACE FUNCTION require_on_queue(p_permission text, p_queue queues)
 RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 BEGIN
-    IF NOT has_permission(p_permission, 1::smallint, p_queue.object_id, p_queue.principal_id)
-    THEN
+    IF NOT role_has_permission(session_user, p_permission, 1::smallint, p_queue.object_id,
+                               p_queue.principal_id) THEN
         PERFORM raise_error(229, p_permission, p_queue.name, current_database(),
                             p_queue.schema_name);
     END IF;

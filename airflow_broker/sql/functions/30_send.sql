@@ -316,6 +316,7 @@ BEGIN
                ce.far_service, ce.lifetime, ce.send_sequence, ce.priority,
                s.name AS service_name, s.service_queue_id,
                q.name AS queue_name, q.is_enqueue_enabled, q.is_retention_enabled,
+               q.principal_id AS queue_owner, q.schema_name AS queue_schema,
                u.message_type_id IS NOT NULL AS in_contract,
                u.is_sent_by_initiator, u.is_sent_by_target
           INTO e
@@ -332,7 +333,11 @@ BEGIN
             PERFORM raise_error(8426, v_handle::text);
         END IF;
         -- RECEIVE on the sending service's queue (spec 7).
-        PERFORM require_on_queue('RECEIVE', e.service_queue_id);
+        IF NOT role_has_permission(session_user, 'RECEIVE', 1::smallint, e.service_queue_id,
+                                   e.queue_owner) THEN
+            PERFORM raise_error(229, 'RECEIVE', e.queue_name, current_database(),
+                                e.queue_schema);
+        END IF;
         IF e.state NOT IN ('SO', 'CO') THEN
             PERFORM raise_error(8429, e.state);
         END IF;

@@ -6,6 +6,18 @@
 CREATE OR REPLACE FUNCTION notification_timeout() RETURNS interval
 LANGUAGE sql IMMUTABLE AS $$ SELECT interval '60 seconds' $$;
 
+-- The role an activated reader of the queue logs in as: its EXECUTE AS role; for SELF and
+-- OWNER, the queue's owner; NULL (the broker worker's own login) for CALLER, for none, and for
+-- SELF and OWNER of a queue the schema's owner owns, whose rights the worker's login has.
+CREATE OR REPLACE FUNCTION reader_role(p_queue queues) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_queue.execute_as IS NULL OR upper(p_queue.execute_as) = 'CALLER'
+                THEN NULL
+                WHEN upper(p_queue.execute_as) IN ('SELF', 'OWNER')
+                THEN pg_get_userbyid(p_queue.principal_id)::text
+                ELSE p_queue.execute_as END
+$$;
+
 -- Queues that have a monitor: activation on with a procedure and readers allowed, or a
 -- QUEUE_ACTIVATION event notification; and the queue enabled.
 CREATE OR REPLACE VIEW monitored_queues AS
@@ -15,7 +27,7 @@ SELECT q.object_id AS queue_id, q.name, q.schema_name,
        EXISTS (SELECT 1 FROM event_subscriptions n
                 WHERE n.queue_id = q.object_id AND 'QUEUE_ACTIVATION' = ANY (n.event_types))
            AS event_activation,
-       q.activation_procedure, q.max_readers, q.execute_as
+       q.activation_procedure, q.max_readers, reader_role(q) AS execute_as
   FROM queues q
  WHERE q.is_receive_enabled
    AND q.is_enqueue_enabled

@@ -25,11 +25,10 @@ FROM {schema}.queues ORDER BY name
 
 -- doctor_reader_roles --
 -- Activated queues whose EXECUTE AS role cannot log in: their readers log in as that role.
-SELECT q.name, q.execute_as, r.rolname IS NOT NULL
+SELECT q.name, {schema}.reader_role(q), r.rolname IS NOT NULL
 FROM {schema}.queues q
-LEFT JOIN pg_roles r ON r.rolname = q.execute_as
-WHERE q.is_activation_enabled AND q.execute_as IS NOT NULL
-  AND upper(q.execute_as) NOT IN ('SELF', 'OWNER', 'CALLER')
+LEFT JOIN pg_roles r ON r.rolname = {schema}.reader_role(q)
+WHERE q.is_activation_enabled AND {schema}.reader_role(q) IS NOT NULL
   AND NOT coalesce(r.rolcanlogin, false)
 ORDER BY q.name
 
@@ -131,3 +130,14 @@ SELECT {schema}.route_address(%s, %s)
 -- doctor_procedure_exists --
 -- An activation procedure of the form schema.procedure, as the worker will CALL it.
 SELECT 1 FROM pg_proc WHERE oid = to_regprocedure(%s || '()') AND prokind = 'p'
+
+-- doctor_table_grants --
+-- Roles other than the schema's owner (and its members) with rights on its tables.
+SELECT a.grantee::regrole::text, string_agg(DISTINCT c.relname, ', ' ORDER BY c.relname)
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL aclexplode(c.relacl) a
+WHERE n.oid = '{schema}'::regnamespace AND c.relkind IN ('r', 'v', 'S')
+  AND a.grantee <> 0 AND NOT pg_has_role(a.grantee, n.nspowner, 'MEMBER')
+GROUP BY a.grantee
+ORDER BY 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any, cast
 
 import psycopg
@@ -16,7 +16,8 @@ from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
 
 from airflow_broker import END_DIALOG, Broker, BrokerError
 from airflow_broker.worker import BrokerWorker
-from tests.fixtures.airflow import waiters
+from tests.fixtures.airflow import BROKER_CONN_ENV, connection_json, waiters
+from tests.support import roles
 from tests.support.airflow_helpers import poison, stock_trade_spec
 from tests.support.airflow_provider import (
     BrokerHook,
@@ -217,11 +218,27 @@ def test_stream_keeps_a_stored_event_in_the_inbox_until_a_run_consumes_it(
     assert waiters(broker_conn, "q_t") == 0
 
 
-def test_a_burst_folded_into_one_run_is_consumed_exactly_once(app: App,
-                                                               broker_conn: str) -> None:
+@pytest.fixture(params=["superuser", "reader login"])
+def connection_login(request: pytest.FixtureRequest, app: App, broker_conn: str,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """broker_default as the superuser, or as a login holding only RECEIVE on q_t (the recipe
+    of docs/security.md for an Airflow deployment that reads q_t)."""
+    if request.param == "superuser":
+        yield request.param
+        return
+    with roles.role(broker_conn, *roles.APPLICATION_GRANTS,
+                    roles.broker_grant("RECEIVE", "QUEUE::q_t"), prefix="airflow",
+                    login=True) as name:
+        monkeypatch.setenv(BROKER_CONN_ENV,
+                           connection_json(roles.login_dsn(broker_conn, name)))
+        yield name
+
+
+def test_a_burst_folded_into_one_run_is_consumed_exactly_once(
+        app: App, broker_conn: str, connection_login: str) -> None:
     """Without one_run_per_message Airflow folds a burst into few DAG runs: every message of
     the burst reaches the run's consume(), once, whatever order the acknowledgements and the
-    runs come in."""
+    runs come in. The stream and the runs need no more than RECEIVE on the queue."""
     handles = [app.dialog() for _ in range(20)]
     for number, handle in enumerate(handles):
         send(app.broker, handle, f"order {number}")
