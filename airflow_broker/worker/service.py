@@ -1,6 +1,7 @@
 """The broker worker: the background work SQL Server does inside its engine.
 
-Each pass fires due conversation timers, expires lifetimes, delivers what waits in the
+Each pass validates the XML bodies SEND held for want of a trusted verdict, fires due
+conversation timers, expires lifetimes, delivers what waits in the
 transmission queue (to this broker, and through the transport to brokers in other databases),
 reclaims closed endpoints, purges Airflow inbox rows consumed a week ago, resolves receiving
 transactions for poison-message detection, handles replies on event notification dialogs, and
@@ -28,6 +29,8 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
+from airflow_broker.errors import MessageTooLarge
+from airflow_broker.validation import MessageTypeInfo, verdict
 from airflow_broker.worker.activation import ActivationManager, configured_targets
 from airflow_broker.worker.transport import Transport
 
@@ -46,6 +49,7 @@ class PassResult:
     endpoints_reclaimed: int = 0
     notification_replies: int = 0
     inbox_rows_purged: int = 0
+    messages_validated: int = 0
     messages_transmitted: int = 0
     queues_disabled: int = 0
     readers_started: int = 0
@@ -88,6 +92,28 @@ class BrokerWorker:
                 break
         return done
 
+    def _validate_held(self) -> int:
+        """Validates the XML bodies SEND held for want of a trusted verdict (32_validation.sql),
+        as the target would, and releases or refuses each; before the transmission queue is
+        delivered, so a released message goes in the same pass."""
+        done = 0
+        while not self._stop.is_set():
+            with self.broker.pool.connection() as conn, conn.transaction():
+                rows = conn.execute(self.broker.queries["held_for_validation"],
+                                    [self.batch_size]).fetchall()
+                for transmission_id, body, name, kind, collection, schemas in rows:
+                    info = MessageTypeInfo(name, kind, collection, tuple(schemas))
+                    try:
+                        problem = verdict(info, body)
+                    except MessageTooLarge as exc:
+                        problem = str(exc)
+                    conn.execute(self.broker.queries["settle_validation"],
+                                 [transmission_id, problem])
+            done += len(rows)
+            if len(rows) < self.batch_size:
+                break
+        return done
+
     def _resolve_receives(self) -> int:
         with self.broker.pool.connection() as conn, conn.transaction():
             row = conn.execute(self.broker.queries["resolve_all_receives"]).fetchone()
@@ -113,13 +139,14 @@ class BrokerWorker:
 
     def run_once(self, *, transmit: bool = True) -> PassResult:
         """One pass of every step; returns what it did."""
+        validated = self._isolated("validate", self._validate_held)
         fired, expired, delivered, reclaimed, replies, purged = (
             self._isolated(step, functools.partial(self._step, step)) for step in STEPS)
         activation = self.activation
         return PassResult(
             timers_fired=fired, lifetimes_expired=expired, messages_delivered=delivered,
             endpoints_reclaimed=reclaimed, notification_replies=replies,
-            inbox_rows_purged=purged,
+            inbox_rows_purged=purged, messages_validated=validated,
             messages_transmitted=self._isolated("transmit", self._transmit) if transmit else 0,
             queues_disabled=self._isolated("resolve_receives", self._resolve_receives),
             readers_started=0 if activation is None

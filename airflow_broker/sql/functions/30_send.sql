@@ -4,11 +4,15 @@
 -- delivered yet). Readers see it when the caller commits.
 
 -- What the target does with a body (spec 2.6): NULL when acceptable, else the Error to return.
--- XML verdicts come from the Python API (lxml) and are trusted only when they were made for the
--- type's current validation; PostgreSQL itself can check UTF-8 bodies for well-formedness.
+-- XML verdicts come from the Python API (lxml), made for the type's current validation.
+-- PostgreSQL itself checks UTF-8 bodies for well-formedness where it has XML support, whoever
+-- sends. A verdict it cannot check is trusted from the schema's owner (the broker's own code);
+-- from anyone else the body is "unverified": it waits in the transmission queue until the
+-- broker worker has validated it (32_validation.sql), so a forged verdict delivers nothing.
 CREATE OR REPLACE FUNCTION body_rejection(p_type message_types, p_body bytea,
                                           p_checked_as text, p_xml_error text,
-                                          OUT code integer, OUT description text)
+                                          OUT code integer, OUT description text,
+                                          OUT unverified boolean)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_expected text := p_type.validation_kind
@@ -16,6 +20,7 @@ DECLARE
                 THEN ':' || p_type.xml_collection_id::text ELSE '' END;
     v_ok boolean;
 BEGIN
+    unverified := false;
     IF p_type.validation_kind = 'NONE' THEN
         RETURN;
     ELSIF p_type.validation_kind = 'EMPTY' THEN
@@ -29,6 +34,19 @@ BEGIN
     END IF;
     IF p_checked_as IS NOT DISTINCT FROM v_expected THEN
         v_ok := p_xml_error IS NULL;
+        IF v_ok AND p_type.validation_kind = 'WELL_FORMED_XML'
+           AND substr(p_body, 1, 2) NOT IN ('\xfffe'::bytea, '\xfeff'::bytea) THEN
+            BEGIN
+                v_ok := xml_is_well_formed_content(convert_from(p_body, 'UTF8'));
+            EXCEPTION
+                WHEN character_not_in_repertoire OR untranslatable_character THEN
+                    v_ok := false;
+                WHEN feature_not_supported THEN
+                    unverified := NOT is_broker_owner();
+            END;
+        ELSIF v_ok THEN
+            unverified := NOT is_broker_owner();
+        END IF;
     ELSIF p_type.validation_kind = 'VALID_XML' THEN
         PERFORM raise_error(50103, p_type.name,
                             (SELECT name FROM xml_schema_collections
@@ -365,6 +383,9 @@ BEGIN
             v_status := (SELECT transmission_status FROM transmissions
                           WHERE conversation_handle = e.conversation_handle
                           ORDER BY message_sequence_number DESC LIMIT 1);
+            IF v_reject.unverified THEN
+                v_status := validation_pending_status(v_type.name);
+            END IF;
             IF v_status IS NULL THEN
                 v_status := deliver(e.conversation_handle, e.conversation_id, e.is_initiator,
                                     e.service_contract_id, e.service_name, e.far_handle,
@@ -376,6 +397,11 @@ BEGIN
                                               e.service_name, e.service_contract_id, v_seq,
                                               v_type.message_type_id, v_body, e.priority,
                                               v_status);
+                IF v_reject.unverified THEN
+                    UPDATE transmissions SET awaiting_validation = true
+                     WHERE conversation_handle = e.conversation_handle
+                       AND message_sequence_number = v_seq;
+                END IF;
             END IF;
         END IF;
 
@@ -492,7 +518,9 @@ BEGIN
                            v_type.validation_kind || CASE WHEN v_type.validation_kind = 'VALID_XML'
                                THEN ':' || v_type.xml_collection_id ELSE '' END
                        AND NOT EXISTS (SELECT 1 FROM unnest(p_xml_errors[2:]) x
-                                        WHERE x IS NOT NULL)));
+                                        WHERE x IS NOT NULL)
+                       -- Anyone else's verdicts are checked one by one in send().
+                       AND is_broker_owner()));
     IF e.state = 'CO' AND e.is_remote AND NOT e.retention AND v_valid THEN
         -- A peer in another broker: the rest wait in the transmission queue behind the first,
         -- with its status and schedule, for the transport.

@@ -94,6 +94,11 @@ BEGIN
               FROM transmissions t
               JOIN message_types mt ON mt.message_type_id = t.message_type_id
              WHERE t.conversation_handle = v_handle
+               -- Nothing from a message awaiting the broker worker's validation on.
+               AND t.message_sequence_number < coalesce(
+                       (SELECT min(v.message_sequence_number) FROM transmissions v
+                         WHERE v.conversation_handle = v_handle AND v.awaiting_validation),
+                       9223372036854775807)
              ORDER BY t.message_sequence_number
              LIMIT p_limit - v_taken;
         GET DIAGNOSTICS v_rows = ROW_COUNT;

@@ -92,6 +92,8 @@ BEGIN
         FOR m IN SELECT * FROM transmissions WHERE conversation_handle = c.conversation_handle
                   ORDER BY message_sequence_number, transmission_id
         LOOP
+            -- It and what follows it wait for the broker worker's validation.
+            EXIT WHEN m.awaiting_validation;
             SELECT ce.*, s.name AS service_name INTO e
               FROM endpoints ce JOIN service_defs s USING (service_id)
              WHERE ce.conversation_handle = c.conversation_handle;

@@ -170,3 +170,21 @@ FROM pg_stat_xact_user_tables WHERE relid = '{schema}.queue_messages'::regclass
 SELECT class_desc, object_name, grantee_name, permission_name, state_desc
 FROM {schema}.database_permissions
 ORDER BY class, object_name, grantee_name, permission_name
+
+-- Validation by the broker worker (airflow_broker.worker.service)
+
+-- held_for_validation --
+-- XML bodies waiting for the worker's validation, oldest first, with what validating them
+-- takes; locked until the worker has settled them.
+SELECT t.transmission_id, t.message_body, m.name, m.validation_kind, m.xml_collection_id,
+       coalesce(c.schemas, '{}')
+FROM {schema}.transmissions t
+JOIN {schema}.message_types m USING (message_type_id)
+LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)
+WHERE t.awaiting_validation
+ORDER BY t.transmission_id
+LIMIT %s
+FOR UPDATE OF t SKIP LOCKED
+
+-- settle_validation --
+SELECT {schema}.settle_validation(%s, %s)
