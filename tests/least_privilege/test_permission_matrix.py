@@ -109,6 +109,10 @@ def drop_queue(tx: Transaction, s: Setup) -> object:
     return None
 
 
+def create_event_notification(tx: Transaction, s: Setup) -> object:
+    return tx.create_event_notification("disabled", "q_t", ["BROKER_QUEUE_DISABLED"], "I")
+
+
 def grant(tx: Transaction, s: Setup) -> object:
     tx.grant("RECEIVE", "QUEUE::q_t", "public")
     return None
@@ -131,6 +135,8 @@ STATEMENTS = {
     "CREATE MESSAGE TYPE": Statement(create_message_type, frozenset({"administrator"}), 262),
     "ALTER QUEUE": Statement(alter_queue, frozenset({"administrator"}), 15151),
     "DROP QUEUE": Statement(drop_queue, frozenset({"administrator"}), 15151),
+    "CREATE EVENT NOTIFICATION": Statement(
+        create_event_notification, frozenset({"administrator"}), 15151),
     "GRANT": Statement(grant, frozenset({"administrator"}), 4613),
 }
 

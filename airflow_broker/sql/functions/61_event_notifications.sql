@@ -35,6 +35,9 @@ DECLARE
 BEGIN
     PERFORM check_name(p_name);
     q := existing_queue(p_queue);
+    -- SQL Server: an event notification on a queue needs ALTER on the queue.
+    PERFORM require_on_object('ALTER', 1::smallint, q.object_id, q.principal_id, 'queue',
+                              p_queue);
     IF p_service IS NULL THEN
         PERFORM raise_error(8421);
     END IF;
@@ -74,6 +77,8 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'event notification', coalesce(p_name, 'NULL'));
     END IF;
+    PERFORM require_on_object('ALTER', 1::smallint, q.object_id, q.principal_id, 'queue',
+                              p_queue);
     IF n.conversation_handle IS NOT NULL
        AND EXISTS (SELECT 1 FROM endpoints WHERE conversation_handle = n.conversation_handle
                       AND state IN ('SO', 'CO')) THEN

@@ -37,6 +37,7 @@ BEGIN
                    'alter_service', 'drop_service', 'create_contract', 'drop_contract',
                    'create_message_type', 'alter_message_type', 'drop_message_type',
                    'grant_permission', 'deny_permission', 'revoke_permission',
+                   'create_event_notification', 'drop_event_notification',
                    'alter_authorization', 'has_permission', 'is_broker_owner'])
           FROM pg_proc p
          WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
