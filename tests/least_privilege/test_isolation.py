@@ -95,3 +95,27 @@ def test_an_application_cannot_touch_anothers_conversations(apps: Apps, attempt:
     # B's message is still there for B.
     with login(apps.dsn, apps.b) as b, b.transaction() as tx:
         assert [m.message_body for m in tx.receive("b_q_t")] == [b"b's secret"]
+
+
+def test_each_application_sees_its_own_part_of_the_catalog_views(apps: Apps) -> None:
+    """service_queues, services, conversation_endpoints and transmission_queue show a login
+    what it owns or holds a permission on, as SQL Server's catalog views do: A sees none of
+    B's queues, services or conversations; the schema's owner sees all."""
+    with psycopg.connect(apps.dsn, autocommit=True) as conn:
+        # A message of A's held in the transmission queue (its target queue is disabled).
+        conn.execute("SELECT broker.alter_queue('a_q_t', false)")
+    with login(apps.dsn, apps.a) as a, a.transaction() as tx:
+        handle = tx.begin_dialog("a_I", "a_T", "a_C")
+        tx.send(handle, "a_Req", b"held")
+        queues = {r[0] for r in tx.run(b"SELECT name FROM broker.service_queues")}
+        services = {r[0] for r in tx.run(b"SELECT name FROM broker.services")}
+        endpoints = {r[0] for r in tx.run(
+            b"SELECT far_service FROM broker.conversation_endpoints")}
+        held = tx.run(b"SELECT to_service_name FROM broker.transmission_queue")
+    assert queues == {"a_q_i", "a_q_t"}
+    assert services == {"a_I", "a_T"}
+    assert endpoints == {"a_T"}
+    assert held == [("a_T",)]
+    with Broker(apps.dsn) as owner, owner.transaction() as tx:
+        everything = {r[0] for r in tx.run(b"SELECT name FROM broker.service_queues")}
+    assert {"a_q_i", "a_q_t", "b_q_i", "b_q_t"} <= everything

@@ -73,6 +73,18 @@ BEGIN
 END
 $$;
 
+-- Whether the login may see an object in the catalog views: SQL Server shows a user the
+-- securables it owns or holds any permission on (a DENY alone does not count).
+CREATE OR REPLACE FUNCTION may_see(p_class smallint, p_major_id integer, p_owner oid)
+RETURNS boolean LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN role_has_permission(session_user, 'VIEW DEFINITION', p_class, p_major_id, p_owner)
+        OR EXISTS (SELECT 1 FROM permissions p
+                    WHERE p.class = p_class AND p.major_id = p_major_id AND p.state <> 'D'
+                      AND (p.grantee = 0 OR pg_has_role(session_user, p.grantee, 'MEMBER')));
+END
+$$;
+
 -- Raises 229 when the login lacks p_permission on a queue (or on the queue of a service).
 CREATE OR REPLACE FUNCTION require_on_queue(p_permission text, p_queue queues)
 RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$

@@ -27,7 +27,10 @@ SELECT name, object_id, schema_name, 'SQ'::text AS type, 'SERVICE_QUEUE'::text A
            AS execute_as_principal_id,
        is_activation_enabled, is_receive_enabled, is_enqueue_enabled, is_retention_enabled,
        is_poison_message_handling_enabled
-  FROM queues;
+  FROM queues
+ -- Each login sees the queues it owns or holds a permission on (docs/security.md); the
+ -- schema's owner is answered once, not per row.
+ WHERE (SELECT is_broker_owner()) OR may_see(1::smallint, object_id, principal_id);
 
 -- Beyond SQL Server (spec 5.5): why and since when a queue is disabled, and the role activated
 -- readers run as.
@@ -41,8 +44,11 @@ SELECT q.name, q.object_id, q.schema_name, q.is_receive_enabled, q.is_enqueue_en
   FROM queues q;
 
 CREATE OR REPLACE VIEW services AS
-SELECT name, service_id, 1 AS principal_id, service_queue_id, is_system
-  FROM service_defs;
+SELECT s.name, s.service_id, 1 AS principal_id, s.service_queue_id, s.is_system
+  FROM service_defs s
+  JOIN queues q ON q.object_id = s.service_queue_id
+ WHERE (SELECT is_broker_owner()) OR may_see(17::smallint, s.service_id, s.principal_id)
+    OR may_see(1::smallint, q.object_id, q.principal_id);
 
 CREATE OR REPLACE VIEW service_contract_usages AS
 SELECT service_id, service_contract_id FROM service_def_contracts;
@@ -86,7 +92,12 @@ SELECT e.conversation_handle, e.conversation_id, e.is_initiator, e.service_contr
              max(m.message_sequence_number) AS last_seq
         FROM queue_messages m
        WHERE e.is_remote AND m.conversation_handle = e.conversation_handle AND m.status = 2
-  ) held ON true;
+  ) held ON true
+ -- A login sees the conversations of the services whose queue it may RECEIVE from.
+ WHERE (SELECT is_broker_owner())
+    OR (SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+          FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
+         WHERE s.service_id = e.service_id);
 
 -- Beyond SQL Server's columns: how often delivery was tried, when last and when next.
 CREATE OR REPLACE VIEW transmission_queue AS
@@ -98,7 +109,12 @@ SELECT t.conversation_handle, t.to_service_name,
        t.attempts, t.last_attempt_at, t.next_attempt_at
   FROM transmissions t
   JOIN message_types mt ON mt.message_type_id = t.message_type_id
-  LEFT JOIN endpoints e ON e.conversation_handle = t.conversation_handle;
+  LEFT JOIN endpoints e ON e.conversation_handle = t.conversation_handle
+ -- A login sees what its own services sent (RECEIVE on their queue, as for SEND).
+ WHERE (SELECT is_broker_owner())
+    OR (SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+          FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
+         WHERE s.service_id = e.service_id);
 
 CREATE OR REPLACE VIEW routes AS
 SELECT name, route_id, 1 AS principal_id, remote_service_name, broker_instance, lifetime,

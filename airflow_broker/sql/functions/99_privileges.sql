@@ -38,7 +38,9 @@ BEGIN
                    'create_message_type', 'alter_message_type', 'drop_message_type',
                    'grant_permission', 'deny_permission', 'revoke_permission',
                    'create_event_notification', 'drop_event_notification',
-                   'alter_authorization', 'has_permission', 'is_broker_owner'])
+                   'alter_authorization',
+                   -- What the caller may do and see, also for the catalog views' filters.
+                   'has_permission', 'is_broker_owner', 'may_see'])
           FROM pg_proc p
          WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
     LOOP
@@ -49,6 +51,10 @@ BEGIN
         END IF;
     END LOOP;
     EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM PUBLIC', current_schema());
+    -- Catalog views that show each login only what it may see (90_catalog_views.sql).
+    EXECUTE format('GRANT SELECT ON %1$I.service_queues, %1$I.services, '
+                   '%1$I.conversation_endpoints, %1$I.transmission_queue TO PUBLIC',
+                   current_schema());
 END
 $$;
 
