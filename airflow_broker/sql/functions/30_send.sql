@@ -3,6 +3,23 @@
 -- destination queue in the caller's transaction (or in the transmission queue when it cannot be
 -- delivered yet). Readers see it when the caller commits.
 
+-- Whether PostgreSQL finds a body well-formed XML: NULL when it cannot tell (UTF-16, which it
+-- cannot decode, or a server built without libxml, which parses no XML at all).
+CREATE OR REPLACE FUNCTION server_well_formed(p_body bytea) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF substr(p_body, 1, 2) IN ('\xfffe'::bytea, '\xfeff'::bytea) THEN
+        RETURN NULL;
+    END IF;
+    RETURN xml_is_well_formed_content(convert_from(p_body, 'UTF8'));
+EXCEPTION
+    WHEN character_not_in_repertoire OR untranslatable_character THEN
+        RETURN false;
+    WHEN feature_not_supported THEN
+        RETURN NULL;
+END
+$$;
+
 -- What the target does with a body (spec 2.6): NULL when acceptable, else the Error to return.
 -- XML verdicts come from the Python API (lxml), made for the type's current validation.
 -- PostgreSQL itself checks UTF-8 bodies for well-formedness where it has XML support, whoever
@@ -34,36 +51,23 @@ BEGIN
     END IF;
     IF p_checked_as IS NOT DISTINCT FROM v_expected THEN
         v_ok := p_xml_error IS NULL;
-        IF v_ok AND p_type.validation_kind = 'WELL_FORMED_XML'
-           AND substr(p_body, 1, 2) NOT IN ('\xfffe'::bytea, '\xfeff'::bytea) THEN
-            BEGIN
-                v_ok := xml_is_well_formed_content(convert_from(p_body, 'UTF8'));
-            EXCEPTION
-                WHEN character_not_in_repertoire OR untranslatable_character THEN
-                    v_ok := false;
-                WHEN feature_not_supported THEN
-                    unverified := NOT is_broker_owner();
-            END;
-        ELSIF v_ok THEN
+        IF v_ok AND p_type.validation_kind = 'WELL_FORMED_XML' THEN
+            v_ok := server_well_formed(p_body);
+        END IF;
+        IF v_ok IS NULL OR (v_ok AND p_type.validation_kind = 'VALID_XML') THEN
+            -- A verdict PostgreSQL cannot check.
+            v_ok := true;
             unverified := NOT is_broker_owner();
         END IF;
     ELSIF p_type.validation_kind = 'VALID_XML' THEN
         PERFORM raise_error(50103, p_type.name,
                             (SELECT name FROM xml_schema_collections
                               WHERE xml_collection_id = p_type.xml_collection_id));
-    ELSIF substr(p_body, 1, 2) IN ('\xfffe'::bytea, '\xfeff'::bytea) THEN
-        -- PostgreSQL has no UTF-16 decoder.
-        PERFORM raise_error(50108, p_type.name);
     ELSE
-        BEGIN
-            v_ok := xml_is_well_formed_content(convert_from(p_body, 'UTF8'));
-        EXCEPTION
-            WHEN character_not_in_repertoire OR untranslatable_character THEN
-                v_ok := false;
-            WHEN feature_not_supported THEN
-                -- PostgreSQL built without libxml cannot parse XML at all.
-                PERFORM raise_error(50108, p_type.name);
-        END;
+        v_ok := server_well_formed(p_body);
+        IF v_ok IS NULL THEN
+            PERFORM raise_error(50108, p_type.name);
+        END IF;
     END IF;
     IF NOT v_ok THEN
         code := -9615;
