@@ -53,6 +53,12 @@ def test_send_permission_of_the_initiating_services_owner(objects: str,
     message is not delivered and the initiator gets SQL Server's Error -8494."""
     with admin(objects) as b, b.transaction() as tx:
         tx.alter_authorization("SERVICE::a_I", app_a)
+        rows = tx.run(b"SELECT name, principal_id FROM broker.services"
+                      b" WHERE name IN ('a_I', 'b_T')")
+        owners: dict[object, object] = dict(rows)
+        role_oid = tx.scalar(b"SELECT %s::regrole::oid::bigint", [app_a])
+    # The catalog shows the owner; 1 (dbo) for the schema owner's.
+    assert owners == {"a_I": role_oid, "b_T": 1}
     with login(objects, app_a) as a:
         with a.transaction() as tx:
             refused = tx.begin_dialog("a_I", "b_T", "b_C")

@@ -1,8 +1,9 @@
 -- Catalog views with SQL Server's names and columns (spec 23). Times are UTC timestamps, ids
--- integers or uuids, flags booleans. principal_id is 1 (the database owner) for every object.
+-- integers or uuids, flags booleans. principal_id is the owning role's oid, or 1 (SQL Server's
+-- dbo) for an object of the broker schema's owner.
 
 CREATE OR REPLACE VIEW service_message_types AS
-SELECT name, message_type_id, 1 AS principal_id,
+SELECT name, message_type_id, coalesce(principal_id::bigint::integer, 1) AS principal_id,
        CASE validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END
            AS validation,
        CASE validation_kind WHEN 'NONE' THEN 'NONE' WHEN 'EMPTY' THEN 'EMPTY' ELSE 'XML' END
@@ -12,7 +13,8 @@ SELECT name, message_type_id, 1 AS principal_id,
   FROM message_types;
 
 CREATE OR REPLACE VIEW service_contracts AS
-SELECT name, service_contract_id, 1 AS principal_id, is_system
+SELECT name, service_contract_id, coalesce(principal_id::bigint::integer, 1) AS principal_id,
+       is_system
   FROM contracts;
 
 CREATE OR REPLACE VIEW service_contract_message_usages AS
@@ -44,7 +46,8 @@ SELECT q.name, q.object_id, q.schema_name, q.is_receive_enabled, q.is_enqueue_en
   FROM queues q;
 
 CREATE OR REPLACE VIEW services AS
-SELECT s.name, s.service_id, 1 AS principal_id, s.service_queue_id, s.is_system
+SELECT s.name, s.service_id, coalesce(s.principal_id::bigint::integer, 1) AS principal_id,
+       s.service_queue_id, s.is_system
   FROM service_defs s
   JOIN queues q ON q.object_id = s.service_queue_id
  WHERE (SELECT is_broker_owner()) OR may_see(17::smallint, s.service_id, s.principal_id)
