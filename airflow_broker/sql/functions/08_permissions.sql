@@ -31,11 +31,11 @@ $$;
 -- Whether role p_role (NULL: the schema's owner) holds p_permission on an object of class
 -- p_class, directly, through a role it is a member of or public, through CONTROL on the object
 -- or on the database, or by owning it (p_owner; NULL: the schema's owner).
-CREATE OR REPLACE FUNCTION role_has_permission(p_role name, p_permission text, p_class smallint,
-                                               p_major_id integer, p_owner oid DEFAULT NULL)
 -- One statement: SEND and RECEIVE run this on every call, and each statement a PL/pgSQL
 -- function runs costs a round through the executor. The grants are read only when the role
 -- owns neither the schema nor the object.
+CREATE OR REPLACE FUNCTION role_has_permission(p_role name, p_permission text, p_class smallint,
+                                               p_major_id integer, p_owner oid DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN p_role IS NULL
