@@ -230,8 +230,7 @@ $$;
 -- (a DENY needs CONTROL); anyone else gets 4613 and nothing changes.
 CREATE OR REPLACE FUNCTION change_permission(p_action text, p_permission text,
                                              p_securable text, p_principal text,
-                                             p_with_grant_option boolean DEFAULT false,
-                                             p_cascade boolean DEFAULT false)
+                                             p_with_grant_option boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     s record := securable(p_securable);
@@ -322,20 +321,12 @@ BEGIN
 END
 $$;
 
--- The owner a CREATE statement records: its AUTHORIZATION clause, which only the schema's
--- owner may set to another principal (SQL Server: IMPERSONATE), or NULL for the schema's owner.
-CREATE OR REPLACE FUNCTION creation_owner(p_authorization text) RETURNS oid
+-- The owner a CREATE statement records: the login that creates the object, or NULL for the
+-- schema's owner. (AUTHORIZATION is ALTER AUTHORIZATION right after, in the same
+-- transaction.)
+CREATE OR REPLACE FUNCTION creation_owner() RETURNS oid
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    v_owner oid;
 BEGIN
-    IF p_authorization IS NOT NULL THEN
-        v_owner := principal_oid(p_authorization);
-        IF NOT (is_broker_owner() OR pg_has_role(session_user, v_owner, 'MEMBER')) THEN
-            PERFORM raise_error(15151, 'user', p_authorization);
-        END IF;
-        RETURN v_owner;
-    END IF;
     IF is_broker_owner() THEN
         RETURN NULL;
     END IF;

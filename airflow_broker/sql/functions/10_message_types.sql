@@ -80,7 +80,7 @@ BEGIN
     END IF;
     INSERT INTO message_types (name, validation_kind, xml_collection_id, created_at,
                                principal_id)
-    VALUES (p_name, v_kind, v_collection, utc_now(), creation_owner(NULL))
+    VALUES (p_name, v_kind, v_collection, utc_now(), creation_owner())
     RETURNING message_type_id INTO v_id;
     RETURN v_id;
 END

@@ -37,7 +37,7 @@ BEGIN
     END IF;
 
     INSERT INTO contracts (name, created_at, principal_id)
-    VALUES (p_name, utc_now(), creation_owner(NULL))
+    VALUES (p_name, utc_now(), creation_owner())
     RETURNING service_contract_id INTO v_id;
     FOR i IN 1 .. cardinality(p_message_types) LOOP
         v_type := p_message_types[i];

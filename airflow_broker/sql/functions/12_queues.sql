@@ -172,7 +172,7 @@ BEGIN
             coalesce(p_activation_status, v_has_activation), p_activation_procedure,
             coalesce(p_max_queue_readers, 0), p_execute_as,
             CASE WHEN p_status THEN NULL ELSE 'ADMIN' END,
-            CASE WHEN p_status THEN NULL ELSE utc_now() END, utc_now(), creation_owner(NULL))
+            CASE WHEN p_status THEN NULL ELSE utc_now() END, utc_now(), creation_owner())
     RETURNING object_id INTO v_id;
     PERFORM create_queue_view(v_id);
     PERFORM create_queue_counters(v_id);

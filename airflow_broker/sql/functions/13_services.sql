@@ -42,7 +42,7 @@ BEGIN
         PERFORM raise_error(2714, p_name);
     END IF;
     INSERT INTO service_defs (name, service_queue_id, created_at, principal_id)
-    VALUES (p_name, q.object_id, utc_now(), creation_owner(NULL))
+    VALUES (p_name, q.object_id, utc_now(), creation_owner())
     RETURNING service_id INTO v_id;
     INSERT INTO service_def_contracts (service_id, service_contract_id)
     SELECT v_id, unnest(v_contract_ids);

@@ -60,10 +60,7 @@ BEGIN
     END IF;
     -- RECEIVE on the FROM service's queue and REFERENCES on the contract (spec 6).
     PERFORM require_on_queue('RECEIVE', v_queue_id);
-    IF NOT has_permission('REFERENCES', 16::smallint, v_contract_id, v_contract_owner) THEN
-        PERFORM raise_error(229, 'REFERENCES', p_contract, current_database(),
-                            current_schema());
-    END IF;
+    PERFORM require_references(16::smallint, v_contract_id, v_contract_owner, p_contract);
 
     IF p_related_conversation IS NOT NULL THEN
         SELECT g.conversation_group_id, g.service_id INTO v_group, v_group_service

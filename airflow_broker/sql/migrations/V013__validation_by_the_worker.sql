@@ -6,3 +6,6 @@ CREATE INDEX transmissions_awaiting_validation ON transmissions (transmission_id
 
 -- body_rejection() tells SEND about such bodies in a new OUT column: a new result type.
 DROP FUNCTION IF EXISTS body_rejection(message_types, bytea, text, text);
+-- Arguments V012's functions had and never used.
+DROP FUNCTION IF EXISTS change_permission(text, text, text, text, boolean, boolean);
+DROP FUNCTION IF EXISTS creation_owner(text);
