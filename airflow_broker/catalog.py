@@ -9,12 +9,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from lxml import etree
 
-from airflow_broker._statements import StatementRunner
 from airflow_broker.errors import InvalidXmlSchema
+from airflow_broker.permissions import PermissionStatements
 from airflow_broker.validation import compile_schema
 
 
-class CatalogStatements(StatementRunner):
+class CatalogStatements(PermissionStatements):
     def create_message_type(
         self, name: str, validation: str = "NONE", *, schema_collection: str | None = None,
         authorization: str | None = None,
@@ -30,8 +30,7 @@ class CatalogStatements(StatementRunner):
     def _authorize(self, securable: str, owner: str | None) -> None:
         """CREATE ... AUTHORIZATION owner: the object is created by the login, then given."""
         if owner is not None:
-            self.run(self.function("alter_authorization", 2, ["text", "text"]),
-                     [securable, owner])
+            self.alter_authorization(securable, owner)
 
     def alter_message_type(
         self, name: str, validation: str, *, schema_collection: str | None = None

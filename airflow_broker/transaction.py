@@ -11,14 +11,12 @@ from psycopg import sql
 
 from airflow_broker.catalog import CatalogStatements
 from airflow_broker.dialogs import ConversationStatements
-from airflow_broker.permissions import PermissionStatements
 from airflow_broker.receive import ReceiveStatements
 
 _names = itertools.count(1)
 
 
-class Transaction(CatalogStatements, ConversationStatements, ReceiveStatements,
-                  PermissionStatements):
+class Transaction(CatalogStatements, ConversationStatements, ReceiveStatements):
     """Broker statements on one connection, in its current transaction.
 
     Everything a statement does commits or rolls back with the caller's own work on the same
