@@ -478,89 +478,82 @@ $$
 """
 
 
+@pytest.fixture
+def drain_manager(activation_app: App, monkeypatch: pytest.MonkeyPatch
+                  ) -> Iterator[ActivationManager]:
+    """public.usp_drain installed, the worker's list of targets empty (a procedure run as a
+    role needs no place on it), and the activation manager that starts it."""
+    monkeypatch.delenv(TARGETS_VARIABLE)
+    with psycopg.connect(activation_app.broker.dsn, autocommit=True) as conn:
+        conn.execute(DRAIN_PROCEDURE)
+    manager = ActivationManager(activation_app.broker)
+    try:
+        yield manager
+    finally:
+        manager.stop(timeout=30)
+        manager.close()
+
+
 def test_T_AC_a_postgresql_procedure_drains_its_queue_as_its_role(
-    activation_app: App, login_role: str, monkeypatch: pytest.MonkeyPatch
+    activation_app: App, login_role: str, drain_manager: ActivationManager
 ) -> None:
     """PROCEDURE_NAME = 'public.usp_drain' under EXECUTE AS a role: the worker calls the
     PL/pgSQL procedure, as the role, until the queue is empty; no place on the worker's list
     of targets is needed, since nothing runs on the worker's machine."""
-    broker = activation_app.broker
-    monkeypatch.delenv(TARGETS_VARIABLE)
-    with psycopg.connect(broker.dsn, autocommit=True) as conn:
-        conn.execute(DRAIN_PROCEDURE)
-    manager = ActivationManager(broker)
-    try:
-        with broker.transaction() as tx:
-            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
-                           activation_procedure="public.usp_drain", execute_as=login_role)
-        fill(activation_app, 3, 2)
-        assert manager.step() == 1
-        wait_until(lambda: all_exited(manager), "the procedure's reader to finish")
-        manager.step()
-        assert count(broker, "SELECT count(*) FROM public.processed") == 6
-        assert count(broker, "SELECT count(DISTINCT role_name) FROM public.reader_identity"
-                             " WHERE role_name = %s", (login_role,)) == 1
-        assert count(broker, "SELECT count(*) FROM broker.activation_log"
-                             " WHERE outcome = 'ended' AND execute_as = %s", (login_role,)) == 1
-    finally:
-        manager.stop(timeout=30)
-        manager.close()
+    broker, manager = activation_app.broker, drain_manager
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                       activation_procedure="public.usp_drain", execute_as=login_role)
+    fill(activation_app, 3, 2)
+    assert manager.step() == 1
+    wait_until(lambda: all_exited(manager), "the procedure's reader to finish")
+    manager.step()
+    assert count(broker, "SELECT count(*) FROM public.processed") == 6
+    assert count(broker, "SELECT count(DISTINCT role_name) FROM public.reader_identity"
+                         " WHERE role_name = %s", (login_role,)) == 1
+    assert count(broker, "SELECT count(*) FROM broker.activation_log"
+                         " WHERE outcome = 'ended' AND execute_as = %s", (login_role,)) == 1
 
 
 def test_T_AC_execute_as_owner_logs_in_as_the_queues_owner(
-    activation_app: App, login_role: str, monkeypatch: pytest.MonkeyPatch
+    activation_app: App, login_role: str, drain_manager: ActivationManager
 ) -> None:
     """EXECUTE AS OWNER on a queue a role owns runs its procedure as that role, never as the
     worker's login: owning a queue is not a way to the worker's rights."""
-    broker = activation_app.broker
-    monkeypatch.delenv(TARGETS_VARIABLE)
-    with psycopg.connect(broker.dsn, autocommit=True) as conn:
-        conn.execute(DRAIN_PROCEDURE)
-    manager = ActivationManager(broker)
-    try:
-        with broker.transaction() as tx:
-            tx.alter_authorization("QUEUE::q_t", login_role)
-            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
-                           activation_procedure="public.usp_drain", execute_as="OWNER")
-        fill(activation_app, 2, 1)
-        assert manager.step() == 1
-        wait_until(lambda: all_exited(manager), "the procedure's reader to finish")
-        assert count(broker, "SELECT count(*) FROM public.processed") == 2
-        assert count(broker, "SELECT count(*) FROM public.reader_identity"
-                             " WHERE role_name <> %s", (login_role,)) == 0
-        assert count(broker, "SELECT count(*) FROM public.reader_identity") > 0
-    finally:
-        manager.stop(timeout=30)
-        manager.close()
+    broker, manager = activation_app.broker, drain_manager
+    with broker.transaction() as tx:
+        tx.alter_authorization("QUEUE::q_t", login_role)
+        tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                       activation_procedure="public.usp_drain", execute_as="OWNER")
+    fill(activation_app, 2, 1)
+    assert manager.step() == 1
+    wait_until(lambda: all_exited(manager), "the procedure's reader to finish")
+    assert count(broker, "SELECT count(*) FROM public.processed") == 2
+    assert count(broker, "SELECT count(*) FROM public.reader_identity"
+                         " WHERE role_name <> %s", (login_role,)) == 0
+    assert count(broker, "SELECT count(*) FROM public.reader_identity") > 0
 
 
 def test_T_AC_a_failing_procedure_counts_for_poison_detection(
-    activation_app: App, login_role: str
+    activation_app: App, login_role: str, drain_manager: ActivationManager
 ) -> None:
     """Each failed CALL rolls back what the procedure received, and counts: five in a row
     disable the queue, and the reader stops."""
-    broker = activation_app.broker
-    with psycopg.connect(broker.dsn, autocommit=True) as conn:
-        conn.execute(DRAIN_PROCEDURE)
-    manager = ActivationManager(broker)
-    try:
-        with broker.transaction() as tx:
-            tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
-                           activation_procedure="public.usp_drain", execute_as=login_role)
-            handle = tx.begin_dialog("I", "T", "C")
-            tx.send(handle, "Req", "poison")
-        assert manager.step() == 1
-        wait_until(lambda: all_exited(manager), "the procedure's reader to stop")
-        manager.step()
-        assert count(broker, "SELECT count(*) FROM broker.service_queues"
-                             " WHERE name = 'q_t' AND NOT is_receive_enabled") == 1
-        assert count(broker, "SELECT count(*) FROM public.processed") == 0
-        # The poison message is still there, for the administrator to see.
-        assert count(broker, "SELECT count(*) FROM broker.queue_messages"
-                             " WHERE message_body = convert_to('poison', 'UTF8')") == 1
-    finally:
-        manager.stop(timeout=30)
-        manager.close()
+    broker, manager = activation_app.broker, drain_manager
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True, max_queue_readers=1,
+                       activation_procedure="public.usp_drain", execute_as=login_role)
+        handle = tx.begin_dialog("I", "T", "C")
+        tx.send(handle, "Req", "poison")
+    assert manager.step() == 1
+    wait_until(lambda: all_exited(manager), "the procedure's reader to stop")
+    manager.step()
+    assert count(broker, "SELECT count(*) FROM broker.service_queues"
+                         " WHERE name = 'q_t' AND NOT is_receive_enabled") == 1
+    assert count(broker, "SELECT count(*) FROM public.processed") == 0
+    # The poison message is still there, for the administrator to see.
+    assert count(broker, "SELECT count(*) FROM broker.queue_messages"
+                         " WHERE message_body = convert_to('poison', 'UTF8')") == 1
 
 
 def test_T_AC_a_procedure_without_a_role_needs_the_workers_list(
