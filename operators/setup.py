@@ -100,33 +100,25 @@ class _Catalog:
     def __init__(self, tx: Transaction) -> None:
         self.tx = tx
 
-
     def rows(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         return self.tx.run(self.tx.queries[query], params or [])
 
     def xml_collection(self, name: str) -> list[str] | None:
-        rows = self.rows("spec_xml_collection",
-                         [name])
+        rows = self.rows("spec_xml_collection", [name])
         return list(rows[0][0]) if rows else None
 
     def message_type(self, name: str) -> tuple[str, str | None] | None:
-        rows = self.rows(
-            "spec_message_type", [name])
+        rows = self.rows("spec_message_type", [name])
         return (rows[0][0], rows[0][1]) if rows else None
 
     def contract(self, name: str) -> dict[str, str] | None:
-        found = self.rows("spec_contract",
-                          [name])
-        if not found:
+        usages = self.rows("spec_contract", [name])
+        if not usages:
             return None
-        usages = self.rows(
-            "spec_contract_usages", [found[0][0]])
         return {t: ("ANY" if i and g else "INITIATOR" if i else "TARGET") for t, i, g in usages}
 
     def queue(self, name: str) -> dict[str, Any] | None:
-        rows = self.rows(
-            "spec_queue",
-            [name, name])
+        rows = self.rows("spec_queue", [name])
         if not rows:
             return None
         keys = ("status", "retention", "activation_status", "activation_procedure",
@@ -143,19 +135,14 @@ class _Catalog:
         rows = self.rows("spec_service", [name])
         if not rows:
             return None
-        contracts = self.rows(
-            "spec_service_contracts",
-            [rows[0][0]])
-        return rows[0][1], {c for (c,) in contracts}
+        return rows[0][0], {c for _, c in rows if c is not None}
 
     def route(self, name: str) -> dict[str, Any] | None:
         rows = self.rows("spec_route", [name])
         return dict(zip(ROUTE_SETTINGS, rows[0], strict=True)) if rows else None
 
     def event_notification(self, name: str, queue_name: str) -> tuple[set[str], str, str] | None:
-        rows = self.rows(
-            "spec_event_notification",
-            [name, queue_name, queue_name])
+        rows = self.rows("spec_event_notification", [name, queue_name])
         if not rows:
             return None
         return {e.upper() for e in rows[0][0]}, rows[0][1], rows[0][2]

@@ -85,12 +85,19 @@ BEGIN
 END
 $$;
 
+-- Whether the broker itself acts in this transaction (V015: fire_event's notifications).
+CREATE OR REPLACE FUNCTION broker_is_acting() RETURNS boolean
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT EXISTS (SELECT 1 FROM broker_actions
+                    WHERE backend_pid = pg_backend_pid() AND xact = pg_current_xact_id())
+$$;
+
 -- Raises 229 when the login lacks p_permission on a queue (or on the queue of a service).
 CREATE OR REPLACE FUNCTION require_on_queue(p_permission text, p_queue queues)
 RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 BEGIN
     IF NOT role_has_permission(session_user, p_permission, 1::smallint, p_queue.object_id,
-                               p_queue.principal_id) THEN
+                               p_queue.principal_id) AND NOT broker_is_acting() THEN
         PERFORM raise_error(229, p_permission, p_queue.name, current_database(),
                             p_queue.schema_name);
     END IF;
@@ -126,7 +133,8 @@ CREATE OR REPLACE FUNCTION require_references(p_class smallint, p_major_id integ
                                               p_owner oid, p_name text)
 RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 BEGIN
-    IF NOT has_permission('REFERENCES', p_class, p_major_id, p_owner) THEN
+    IF NOT has_permission('REFERENCES', p_class, p_major_id, p_owner)
+       AND NOT broker_is_acting() THEN
         PERFORM raise_error(229, 'REFERENCES', p_name, current_database(), current_schema());
     END IF;
 END

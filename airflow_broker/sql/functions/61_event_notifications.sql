@@ -8,16 +8,23 @@ LANGUAGE sql IMMUTABLE SET search_path FROM CURRENT AS $$
 $$;
 
 -- The broker's own initiator service for event notifications, created on first use. Replies on
--- its dialogs (the subscriber's EndDialog or Error) arrive on its queue.
+-- its dialogs (the subscriber's EndDialog or Error) arrive on its queue. It belongs to the
+-- schema's owner whoever creates the first notification, and needs no CREATE permission of
+-- theirs: CREATE EVENT NOTIFICATION asks for ALTER on the queue only.
 CREATE OR REPLACE FUNCTION event_notification_service() RETURNS text
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_name constant text := 'http://schemas.microsoft.com/SQL/Notifications/EventNotificationService';
+    v_queue_id integer;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM service_defs WHERE name = v_name) THEN
-        PERFORM create_queue('EventNotificationQueue', p_schema => current_schema());
-        PERFORM create_service(v_name, current_schema() || '.EventNotificationQueue');
-        UPDATE service_defs SET is_system = true WHERE name = v_name;
+        INSERT INTO queues (schema_name, name, created_at)
+        VALUES (current_schema(), 'EventNotificationQueue', utc_now())
+        RETURNING object_id INTO v_queue_id;
+        PERFORM create_queue_view(v_queue_id);
+        PERFORM create_queue_counters(v_queue_id);
+        INSERT INTO service_defs (name, service_queue_id, created_at, is_system)
+        VALUES (v_name, v_queue_id, utc_now(), true);
     END IF;
     RETURN v_name;
 END
@@ -137,6 +144,10 @@ DECLARE
     v_handle uuid;
     v_count integer := 0;
 BEGIN
+    -- The notification is the broker's, whoever's session raised the event: no permission of
+    -- that login is asked for (V015).
+    INSERT INTO broker_actions VALUES (pg_backend_pid(), pg_current_xact_id())
+    ON CONFLICT DO NOTHING;
     FOR n IN SELECT * FROM event_subscriptions
               WHERE queue_id = p_queue_id AND p_event_type = ANY (event_types)
               ORDER BY object_id
@@ -158,6 +169,7 @@ BEGIN
                      false, 'WELL_FORMED_XML', NULL);
         v_count := v_count + 1;
     END LOOP;
+    DELETE FROM broker_actions WHERE backend_pid = pg_backend_pid();
     RETURN v_count;
 END
 $$;

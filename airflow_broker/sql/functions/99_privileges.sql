@@ -33,12 +33,16 @@ BEGIN
                    'airflow_reclaim', 'airflow_redeliver', 'airflow_settle', 'airflow_consume',
                    'airflow_ack', 'queue_of_event',
                    -- DDL and permissions, which check CREATE, ALTER and CONTROL.
-                   'create_queue', 'alter_queue', 'drop_queue', 'create_service',
+                   'create_queue', 'alter_queue', 'tune_queue', 'drop_queue', 'create_service',
                    'alter_service', 'drop_service', 'create_contract', 'drop_contract',
                    'create_message_type', 'alter_message_type', 'drop_message_type',
                    'grant_permission', 'deny_permission', 'revoke_permission',
                    'create_event_notification', 'drop_event_notification',
                    'alter_authorization',
+                   -- Definitions for BrokerSetupOperator, as far as the caller may see them.
+                   'message_type_definition', 'contract_definition', 'queue_definition',
+                   'service_definition', 'event_notification_definition',
+                   'xml_schema_collection_definition', 'route_definition',
                    -- What the caller may do and see, also for the catalog views' filters.
                    'has_permission', 'is_broker_owner', 'may_see'])
           FROM pg_proc p

@@ -87,48 +87,26 @@ SELECT * FROM {schema}.queue_of_event(%s, %s, %s)
 -- BrokerSetupOperator: what the broker already holds
 
 -- spec_xml_collection --
-SELECT schemas FROM {schema}.xml_schema_collections WHERE name = %s
+SELECT schemas FROM {schema}.xml_schema_collection_definition(%s)
 
 -- spec_message_type --
-SELECT t.validation_kind, c.name
-FROM {schema}.message_types t
-LEFT JOIN {schema}.xml_schema_collections c USING (xml_collection_id)
-WHERE t.name = %s
+SELECT validation_kind, schema_collection FROM {schema}.message_type_definition(%s)
 
 -- spec_contract --
-SELECT service_contract_id FROM {schema}.contracts WHERE name = %s
-
--- spec_contract_usages --
-SELECT t.name, u.is_sent_by_initiator, u.is_sent_by_target
-FROM {schema}.contract_message_usages u
-JOIN {schema}.message_types t USING (message_type_id)
-WHERE u.service_contract_id = %s
+SELECT message_type_name, is_sent_by_initiator, is_sent_by_target
+FROM {schema}.contract_definition(%s)
 
 -- spec_queue --
-SELECT is_receive_enabled, is_retention_enabled, is_activation_enabled, activation_procedure,
-       max_readers, execute_as, is_poison_message_handling_enabled, poison_threshold,
-       activation_min_readers, activation_ramp_interval, schema_name
-FROM {schema}.queues
-WHERE name = %s OR schema_name || '.' || name = %s
+SELECT * FROM {schema}.queue_definition(%s)
 
 -- spec_queue_id --
 SELECT object_id FROM {schema}.find_queue(%s)
 
 -- spec_service --
-SELECT service_id, service_queue_id FROM {schema}.service_defs WHERE name = %s
-
--- spec_service_contracts --
-SELECT c.name
-FROM {schema}.service_def_contracts u
-JOIN {schema}.contracts c USING (service_contract_id)
-WHERE u.service_id = %s
+SELECT service_queue_id, contract_name FROM {schema}.service_definition(%s)
 
 -- spec_route --
-SELECT address, remote_service_name, broker_instance, mirror_address
-FROM {schema}.routes WHERE name = %s
+SELECT * FROM {schema}.route_definition(%s)
 
 -- spec_event_notification --
-SELECT n.event_types, n.service_name, n.broker_instance
-FROM {schema}.event_notifications n
-JOIN {schema}.queues q ON q.object_id = n.parent_id
-WHERE n.name = %s AND (q.name = %s OR q.schema_name || '.' || q.name = %s)
+SELECT * FROM {schema}.event_notification_definition(%s, %s)

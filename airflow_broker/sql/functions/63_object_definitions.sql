@@ -1,0 +1,122 @@
+-- The definition of one broker object, as the login may see it: what BrokerSetupOperator
+-- (apply_spec) compares a spec with. Applications hold no right on the catalog's tables, so
+-- these are the way to read it; like SQL Server's metadata visibility, an object is shown to
+-- its owner, to the schema's owner and to a login holding any permission on it, and is
+-- otherwise reported as not there (creating it then fails with 2714, as it would in SQL
+-- Server). Routes and XML schema collections are the schema owner's alone: their CREATE
+-- statements are not for applications, and route addresses may hold passwords.
+
+CREATE OR REPLACE FUNCTION message_type_definition(p_name text)
+RETURNS TABLE (validation_kind text, schema_collection text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
+    SELECT t.validation_kind, c.name
+      FROM message_types t
+      LEFT JOIN xml_schema_collections c USING (xml_collection_id)
+     WHERE t.name = p_name
+       AND (t.is_system OR is_broker_owner()
+            OR may_see(15::smallint, t.message_type_id, t.principal_id));
+END
+$$;
+
+-- One row per message type of the contract; none when there is no such contract.
+CREATE OR REPLACE FUNCTION contract_definition(p_name text)
+RETURNS TABLE (message_type_name text, is_sent_by_initiator boolean,
+               is_sent_by_target boolean)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
+    SELECT t.name, u.is_sent_by_initiator, u.is_sent_by_target
+      FROM contracts c
+      JOIN contract_message_usages u USING (service_contract_id)
+      JOIN message_types t USING (message_type_id)
+     WHERE c.name = p_name
+       AND (c.is_system OR is_broker_owner()
+            OR may_see(16::smallint, c.service_contract_id, c.principal_id));
+END
+$$;
+
+-- A queue by name or schema-qualified name (find_queue's rules, 50105 when ambiguous).
+CREATE OR REPLACE FUNCTION queue_definition(p_name text)
+RETURNS TABLE (is_receive_enabled boolean, is_retention_enabled boolean,
+               is_activation_enabled boolean, activation_procedure text, max_readers integer,
+               execute_as text, is_poison_message_handling_enabled boolean,
+               poison_threshold integer, activation_min_readers integer,
+               activation_ramp_interval interval, schema_name text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := find_queue(p_name);
+BEGIN
+    IF q.object_id IS NULL
+       OR NOT (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT q.is_receive_enabled, q.is_retention_enabled, q.is_activation_enabled,
+           q.activation_procedure, q.max_readers, q.execute_as,
+           q.is_poison_message_handling_enabled, q.poison_threshold,
+           q.activation_min_readers, q.activation_ramp_interval, q.schema_name;
+END
+$$;
+
+-- One row per contract of the service (contract NULL for a service without any); none when
+-- there is no such service.
+CREATE OR REPLACE FUNCTION service_definition(p_name text)
+RETURNS TABLE (service_queue_id integer, contract_name text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
+    SELECT s.service_queue_id, c.name
+      FROM service_defs s
+      JOIN queues q ON q.object_id = s.service_queue_id
+      LEFT JOIN service_def_contracts u ON u.service_id = s.service_id
+      LEFT JOIN contracts c ON c.service_contract_id = u.service_contract_id
+     WHERE s.name = p_name
+       AND (is_broker_owner() OR may_see(17::smallint, s.service_id, s.principal_id)
+            OR may_see(1::smallint, q.object_id, q.principal_id));
+END
+$$;
+
+-- Event notifications belong to their queue: seen by whoever may see the queue.
+CREATE OR REPLACE FUNCTION event_notification_definition(p_name text, p_queue text)
+RETURNS TABLE (event_types text[], service_name text, broker_instance text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := find_queue(p_queue);
+BEGIN
+    IF q.object_id IS NULL
+       OR NOT (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT n.event_types, n.service_name, n.broker_instance
+      FROM event_notifications n
+     WHERE n.name = p_name AND n.parent_id = q.object_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION xml_schema_collection_definition(p_name text)
+RETURNS TABLE (schemas text[])
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT is_broker_owner() THEN
+        PERFORM raise_error(262, 'CREATE XML SCHEMA COLLECTION', current_database());
+    END IF;
+    RETURN QUERY SELECT c.schemas FROM xml_schema_collections c WHERE c.name = p_name;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION route_definition(p_name text)
+RETURNS TABLE (address text, remote_service_name text, broker_instance text,
+               mirror_address text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT is_broker_owner() THEN
+        PERFORM raise_error(262, 'CREATE ROUTE', current_database());
+    END IF;
+    RETURN QUERY
+    SELECT r.address, r.remote_service_name, r.broker_instance, r.mirror_address
+      FROM route_defs r WHERE r.name = p_name;
+END
+$$;
