@@ -120,3 +120,26 @@ BEGIN
       FROM route_defs r WHERE r.name = p_name;
 END
 $$;
+
+-- A queue's state for EnableQueueOperator, QueueDisabledSensor and enable-queue: queue_status,
+-- and why poison detection disabled it last, for a login that may see the queue.
+CREATE OR REPLACE FUNCTION queue_state(p_name text)
+RETURNS TABLE (name text, schema_name text, is_receive_enabled boolean, disabled_reason text,
+               disabled_at timestamp, ready_messages bigint, poison_reason text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := find_queue(p_name);
+BEGIN
+    IF q.object_id IS NULL
+       OR NOT (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT s.name, s.schema_name, s.is_receive_enabled, s.disabled_reason, s.disabled_at,
+           s.ready_messages,
+           (SELECT e.reason FROM queue_disable_events e
+             WHERE e.queue_id = s.object_id ORDER BY e.event_id DESC LIMIT 1)
+      FROM queue_status s
+     WHERE s.object_id = q.object_id;
+END
+$$;

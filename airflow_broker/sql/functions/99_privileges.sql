@@ -42,7 +42,7 @@ BEGIN
                    -- Definitions for BrokerSetupOperator, as far as the caller may see them.
                    'message_type_definition', 'contract_definition', 'queue_definition',
                    'service_definition', 'event_notification_definition',
-                   'xml_schema_collection_definition', 'route_definition',
+                   'xml_schema_collection_definition', 'route_definition', 'queue_state',
                    -- What the caller may do and see, also for the catalog views' filters.
                    'has_permission', 'is_broker_owner', 'may_see'])
           FROM pg_proc p
