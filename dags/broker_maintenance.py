@@ -11,6 +11,10 @@
   remove them with ``airflow-broker cleanup`` once their cause is fixed.
 * ``inbox_report``: what the Airflow inbox holds, and removal of the messages held for DAG runs
   that have succeeded (their tasks have used them).
+
+Every task reads or does what only the broker schema's owner may, so the DAG uses the
+connection ``broker_worker``: the login of ``airflow-broker worker``, a member of the owner
+(docs/security.md), not the applications' ``broker_default``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from airflow_broker.worker import BrokerWorker
 
 log = logging.getLogger(__name__)
 
+CONN_ID = "broker_worker"
+
 
 @dag(
     dag_id="broker_maintenance",
@@ -45,14 +51,14 @@ log = logging.getLogger(__name__)
 def broker_maintenance() -> None:
     @task
     def worker_pass() -> dict[str, int]:
-        with BrokerHook() as hook:
+        with BrokerHook(CONN_ID) as hook:
             result = BrokerWorker(hook.get_broker(), activation=False).run_once()
         log.info("broker worker pass: %s", result)
         return dataclasses.asdict(result)
 
     @task
     def doctor() -> dict[str, Any]:
-        with BrokerHook() as hook:
+        with BrokerHook(CONN_ID) as hook:
             report = diagnose(hook.get_broker())
         for line in report.to_text().splitlines():
             log.info("%s", line)
@@ -65,7 +71,7 @@ def broker_maintenance() -> None:
 
     @task
     def leak_report() -> list[dict[str, Any]]:
-        with BrokerHook() as hook, hook.transaction() as tx:
+        with BrokerHook(CONN_ID) as hook, hook.transaction() as tx:
             rows = tx.run(sql.SQL(
                 "SELECT service_name, far_service, leaked, oldest"
                 " FROM {}.leaked_endpoint_counts ORDER BY leaked DESC").format(
@@ -82,7 +88,7 @@ def broker_maintenance() -> None:
     @task
     def inbox_report() -> dict[str, Any]:
         ti: Any = get_current_context()["ti"]
-        with BrokerHook() as hook:
+        with BrokerHook(CONN_ID) as hook:
             with hook.transaction() as tx:
                 rows = tx.run(sql.SQL(
                     "SELECT consumer, state, dag_id, run_id, sum(messages)::bigint,"

@@ -13,6 +13,7 @@ import pytest
 
 from airflow_broker import Broker
 from tests.fixtures.system import SystemDatabases
+from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 
@@ -35,6 +36,12 @@ def events_app(system_databases: SystemDatabases) -> Iterator[Broker]:
         with psycopg.connect(system_databases.broker_dsn) as conn:
             conn.execute("CREATE TABLE system_processed (message_id uuid NOT NULL,"
                          " conversation_handle uuid NOT NULL, body text, run_id text NOT NULL)")
+        # The DAGs' login reads the three queues (RECEIVE covers the inbox and END
+        # CONVERSATION) and records into the table.
+        system_databases.grant_airflow(
+            *(roles.broker_grant("RECEIVE", f"QUEUE::{queue}")
+              for queue in ("SystemBurstQueue", "SystemEachQueue", "SystemWaitQueue")),
+            "GRANT INSERT ON system_processed TO {}")
         yield broker
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from airflow_broker import Broker
 from tests.fixtures.system import SystemDatabases
+from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 
@@ -36,6 +37,8 @@ def test_enable_queue_dag_through_the_api(airflow_api: AirflowApi, broker: Broke
         tx.create_queue("SystemSenderQueue")
         tx.create_service("//System/Held", "SystemHeldQueue", ["DEFAULT"])
         tx.create_service("//System/Sender", "SystemSenderQueue")
+    # The DBA's queue: the deployment's login may enable it, nothing more.
+    system_databases.grant_airflow(roles.broker_grant("ALTER", "QUEUE::SystemHeldQueue"))
     with broker.transaction() as tx:
         handle = tx.begin_dialog("//System/Sender", "//System/Held")
         tx.send(handle, "DEFAULT", b"held")

@@ -18,6 +18,7 @@ import pytest
 from airflow_broker import Broker
 from airflow_broker.spark.shipping import base_interpreter
 from tests.fixtures.system import SystemDatabases
+from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 from tests.support.spark_cluster import SparkCluster
@@ -44,6 +45,12 @@ def cluster_broker(system_databases: SystemDatabases) -> Iterator[Broker]:
             conn.execute("CREATE TABLE public.cluster_results (message_id uuid PRIMARY KEY,"
                          " conversation_handle uuid NOT NULL, sequence bigint NOT NULL,"
                          " body text, host text, pid integer, booked bigserial)")
+        # The readers log in as the deployment's login: RECEIVE on their queue (quarantine and
+        # poison records included) and the rights on the table their handler books into.
+        system_databases.grant_airflow(
+            roles.broker_grant("RECEIVE", "QUEUE::ClusterQueue"),
+            "GRANT INSERT ON public.cluster_results TO {}",
+            "GRANT USAGE ON SEQUENCE public.cluster_results_booked_seq TO {}")
         yield broker
 
 
