@@ -8,65 +8,54 @@
 
 CREATE OR REPLACE FUNCTION message_type_definition(p_name text)
 RETURNS TABLE (validation_kind text, schema_collection text)
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-BEGIN
-    RETURN QUERY
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT t.validation_kind, c.name
-      FROM message_types t
-      LEFT JOIN xml_schema_collections c USING (xml_collection_id)
+      FROM message_types t LEFT JOIN xml_schema_collections c USING (xml_collection_id)
      WHERE t.name = p_name
        AND (t.is_system OR is_broker_owner()
-            OR may_see(15::smallint, t.message_type_id, t.principal_id));
-END
+            OR may_see(15::smallint, t.message_type_id, t.principal_id))
 $$;
 
 -- One row per message type of the contract; none when there is no such contract.
 CREATE OR REPLACE FUNCTION contract_definition(p_name text)
 RETURNS TABLE (message_type_name text, is_sent_by_initiator boolean,
                is_sent_by_target boolean)
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-BEGIN
-    RETURN QUERY
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT t.name, u.is_sent_by_initiator, u.is_sent_by_target
       FROM contracts c
       JOIN contract_message_usages u USING (service_contract_id)
       JOIN message_types t USING (message_type_id)
      WHERE c.name = p_name
        AND (c.is_system OR is_broker_owner()
-            OR may_see(16::smallint, c.service_contract_id, c.principal_id));
-END
+            OR may_see(16::smallint, c.service_contract_id, c.principal_id))
 $$;
 
--- A queue by name or schema-qualified name (find_queue's rules, 50105 when ambiguous).
+-- The queue named so (find_queue's rules, 50105 when ambiguous) if the login may see it.
+CREATE OR REPLACE FUNCTION visible_queue(p_name text) RETURNS SETOF queues
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT q.* FROM find_queue(p_name) q
+     WHERE q.object_id IS NOT NULL
+       AND (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id))
+$$;
+
 CREATE OR REPLACE FUNCTION queue_definition(p_name text)
 RETURNS TABLE (is_receive_enabled boolean, is_retention_enabled boolean,
                is_activation_enabled boolean, activation_procedure text, max_readers integer,
                execute_as text, is_poison_message_handling_enabled boolean,
                poison_threshold integer, activation_min_readers integer,
                activation_ramp_interval interval, schema_name text)
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    q queues := find_queue(p_name);
-BEGIN
-    IF q.object_id IS NULL
-       OR NOT (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    SELECT q.is_receive_enabled, q.is_retention_enabled, q.is_activation_enabled,
-           q.activation_procedure, q.max_readers, q.execute_as,
-           q.is_poison_message_handling_enabled, q.poison_threshold,
-           q.activation_min_readers, q.activation_ramp_interval, q.schema_name;
-END
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT is_receive_enabled, is_retention_enabled, is_activation_enabled,
+           activation_procedure, max_readers, execute_as, is_poison_message_handling_enabled,
+           poison_threshold, activation_min_readers, activation_ramp_interval, schema_name
+      FROM visible_queue(p_name)
 $$;
 
 -- One row per contract of the service (contract NULL for a service without any); none when
 -- there is no such service.
 CREATE OR REPLACE FUNCTION service_definition(p_name text)
 RETURNS TABLE (service_queue_id integer, contract_name text)
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-BEGIN
-    RETURN QUERY
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT s.service_queue_id, c.name
       FROM service_defs s
       JOIN queues q ON q.object_id = s.service_queue_id
@@ -74,26 +63,16 @@ BEGIN
       LEFT JOIN contracts c ON c.service_contract_id = u.service_contract_id
      WHERE s.name = p_name
        AND (is_broker_owner() OR may_see(17::smallint, s.service_id, s.principal_id)
-            OR may_see(1::smallint, q.object_id, q.principal_id));
-END
+            OR may_see(1::smallint, q.object_id, q.principal_id))
 $$;
 
 -- Event notifications belong to their queue: seen by whoever may see the queue.
 CREATE OR REPLACE FUNCTION event_notification_definition(p_name text, p_queue text)
 RETURNS TABLE (event_types text[], service_name text, broker_instance text)
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    q queues := find_queue(p_queue);
-BEGIN
-    IF q.object_id IS NULL
-       OR NOT (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT n.event_types, n.service_name, n.broker_instance
-      FROM event_notifications n
-     WHERE n.name = p_name AND n.parent_id = q.object_id;
-END
+      FROM visible_queue(p_queue) q JOIN event_notifications n ON n.parent_id = q.object_id
+     WHERE n.name = p_name
 $$;
 
 CREATE OR REPLACE FUNCTION xml_schema_collection_definition(p_name text)
@@ -126,20 +105,10 @@ $$;
 CREATE OR REPLACE FUNCTION queue_state(p_name text)
 RETURNS TABLE (name text, schema_name text, is_receive_enabled boolean, disabled_reason text,
                disabled_at timestamp, ready_messages bigint, poison_reason text)
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    q queues := find_queue(p_name);
-BEGIN
-    IF q.object_id IS NULL
-       OR NOT (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT s.name, s.schema_name, s.is_receive_enabled, s.disabled_reason, s.disabled_at,
            s.ready_messages,
            (SELECT e.reason FROM queue_disable_events e
              WHERE e.queue_id = s.object_id ORDER BY e.event_id DESC LIMIT 1)
-      FROM queue_status s
-     WHERE s.object_id = q.object_id;
-END
+      FROM visible_queue(p_name) q JOIN queue_status s ON s.object_id = q.object_id
 $$;
