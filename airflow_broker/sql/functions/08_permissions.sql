@@ -86,10 +86,12 @@ END
 $$;
 
 -- Whether the broker itself acts in this transaction (V015: fire_event's notifications).
+-- The _if_assigned form: asking must not give a read-only transaction an xid.
 CREATE OR REPLACE FUNCTION broker_is_acting() RETURNS boolean
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT EXISTS (SELECT 1 FROM broker_actions
-                    WHERE backend_pid = pg_backend_pid() AND xact = pg_current_xact_id())
+                    WHERE backend_pid = pg_backend_pid()
+                      AND xact = pg_current_xact_id_if_assigned())
 $$;
 
 -- Raises 229 when the login lacks p_permission on a queue (or on the queue of a service).
