@@ -11,9 +11,17 @@ CREATE OR REPLACE FUNCTION register_receive(p_queue_id integer, p_xid xid8, p_me
                                             p_backend_pid integer)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
+DECLARE
+    q queues;
 BEGIN
     -- Only a reader of the queue records receives of it: a forged record could disable it.
-    PERFORM require_on_queue('RECEIVE', p_queue_id);
+    -- Checked here, not through require_on_queue(): two nested calls fewer on every
+    -- receiving transaction (about 70 us of the side backend's time).
+    SELECT * INTO q FROM queues WHERE object_id = p_queue_id;
+    IF NOT role_has_permission(session_user, 'RECEIVE', 1::smallint, q.object_id,
+                               q.principal_id) THEN
+        PERFORM require_on_queue('RECEIVE', q);
+    END IF;
     -- One registration of a queue at a time, so receive_id numbers them in the order they
     -- become visible and the resolver never meets an earlier one after a later one. (The
     -- side connection runs in autocommit: the lock lasts this statement.)
