@@ -22,15 +22,19 @@ def broker_grant(permission: str, securable: str, action: str = "grant") -> str:
     return (f"SELECT broker.{action}_permission('{permission}', '{securable}', {{name}})")
 
 
+def give(dsn: str, name: str, *statements: str) -> None:
+    """Runs ``statements`` for role ``name``: SQL with ``{}`` where the role's name goes as an
+    identifier, ``{name}`` where it goes as a string."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(sql.SQL(statement).format(sql.Identifier(name), name=sql.Literal(name)))
+
+
 @contextmanager
 def role(dsn: str, *statements: str, prefix: str = "app", login: bool = False) -> Iterator[str]:
-    """A new role, given ``statements`` (SQL with ``{}`` where the role's name goes as an
-    identifier, ``{name}`` where it goes as a string)."""
+    """A new role, given ``statements`` (as give() takes them)."""
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        create = "CREATE ROLE {} LOGIN" if login else "CREATE ROLE {}"
-        for statement in (create, *statements):
-            conn.execute(sql.SQL(statement).format(sql.Identifier(name), name=sql.Literal(name)))
+    give(dsn, name, "CREATE ROLE {} LOGIN" if login else "CREATE ROLE {}", *statements)
     try:
         yield name
     finally:
