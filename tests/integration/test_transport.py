@@ -735,7 +735,7 @@ def test_the_worker_delivers_each_send_when_it_commits_not_at_its_interval(pair:
 
 def test_a_sender_routes_messages_without_reading_route_addresses(pair: Pair) -> None:
     """A route's address may carry a password: SEND learns only whether a service is local or
-    remote (route_kind, run with its owner's rights), so a sender needs no right to read
+    remote (route_address, run with its owner's rights), so a sender needs no right to read
     route_defs or the routes view, and has none here."""
     pair.routes()
     with roles.role(pair.a.dsn, *roles.APPLICATION_GRANTS,

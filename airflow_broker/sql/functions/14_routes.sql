@@ -208,15 +208,10 @@ BEGIN
 END
 $$;
 
--- Where SEND sends a message: LOCAL, REMOTE (the transport delivers it) or NULL (no route).
--- A sender needs no more than that, and no right to read route_defs, whose addresses may carry
--- passwords: the function runs with its owner's rights (and the owner's search_path, with
--- pg_temp last, so a caller's temporary table cannot stand in for route_defs).
-CREATE OR REPLACE FUNCTION route_kind(p_service text, p_broker_instance text)
-RETURNS text LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    SELECT CASE WHEN a IS NULL THEN NULL WHEN a = 'LOCAL' THEN 'LOCAL' ELSE 'REMOTE' END
-      FROM route_address(p_service, p_broker_instance) a
-$$;
+-- SEND asks route_address() itself (deliver, 30_send.sql), which like every broker function
+-- runs with the owner's rights: senders need no right to read route_defs, whose addresses may
+-- carry passwords. The SQL wrapper that did this was planned again on every first message.
+DROP FUNCTION IF EXISTS route_kind(text, text);
 
 -- The text of transmission_status when no route matches (9750).
 CREATE OR REPLACE FUNCTION no_route_status(p_service text) RETURNS text

@@ -119,11 +119,11 @@ BEGIN
           FROM endpoints WHERE conversation_handle = p_handle;
         IF NOT v_remote THEN
             -- Message 0 (or a message behind one that has not been delivered yet): routed.
-            v_address := route_kind(p_far_service, v_instance);
+            v_address := route_address(p_far_service, v_instance);
             IF v_address IS NULL THEN
                 RETURN no_route_status(p_far_service);
             END IF;
-            v_remote := v_address = 'REMOTE';
+            v_remote := v_address <> 'LOCAL';
             IF v_remote THEN
                 UPDATE endpoints SET is_remote = true WHERE conversation_handle = p_handle;
             END IF;
