@@ -4,18 +4,25 @@ detection's side connection), and the mapping of database errors to BrokerError.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg import sql
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 
-from airflow_broker.errors import InvalidObjectName, PoisonDetectionUnavailable, translate
+from airflow_broker.errors import (
+    InvalidObjectName,
+    PoisonDetectionUnavailable,
+    SchemaValidationNeedsPython,
+    translate,
+)
 from airflow_broker.messages import Message
 from airflow_broker.poison.detection import SideChannel
 from airflow_broker.queries import Queries
@@ -123,6 +130,10 @@ class StatementRunner:
         self._savepoint_groups: list[set[uuid.UUID]] = []
         # Queues this transaction received from (resolved for poison detection on rollback).
         self.received_queues: set[int] = set()
+        # In a pipelined transaction: psycopg's pipeline, and the posted statements whose
+        # answers are still to be handed to their callbacks.
+        self._pipeline: psycopg.Pipeline | None = None
+        self._deferred: list[tuple[psycopg.Cursor[TupleRow], Callable[[list[TupleRow]], None]]] = []
 
     @property
     def conn(self) -> psycopg.Connection[TupleRow]:
@@ -132,6 +143,12 @@ class StatementRunner:
             self._begin_pending = False
             self._conn.execute(b"BEGIN")
         return self._conn
+
+    @property
+    def pipelining(self) -> bool:
+        """Whether this transaction's statements run in pipeline mode
+        (``Broker.transaction(pipeline=True)``)."""
+        return self._pipeline is not None
 
     @property
     def begun(self) -> bool:
@@ -175,20 +192,109 @@ class StatementRunner:
         try:
             if self._begin_pending:
                 self._begin_pending = False
-                # One round trip: the cursor's results are read when the pipeline ends.
-                with self._conn.pipeline():
+                if self._pipeline is not None:
                     self._conn.execute(b"BEGIN")
                     cursor = self._conn.execute(query, params)
+                else:
+                    # One round trip: the cursor's results are read when the pipeline ends.
+                    with self._conn.pipeline():
+                        self._conn.execute(b"BEGIN")
+                        cursor = self._conn.execute(query, params)
             else:
                 cursor = self._conn.execute(query, params)
+            if self._pipeline is not None:
+                # Sends what is queued with this statement and reads every answer up to its.
+                rows = cursor.fetchall()
+                self._settle_deferred()
+                return rows
             # Not cursor.description, which builds a Column object per column on every call.
             result = cursor.pgresult
             return cursor.fetchall() if result is not None and result.status == TUPLES_OK else []
         except psycopg.Error as exc:
-            broker_error = translate(exc)
-            if broker_error is not None:
-                raise broker_error from None
-            raise
+            self._raise_translated(exc)
+
+    def post(self, query: bytes | sql.SQL | sql.Composed, params: Sequence[Any] = (),
+             then: Callable[[list[TupleRow]], None] | None = None) -> None:
+        """A statement whose answer the caller does not wait for. In a pipelined transaction
+        it is queued and travels with the next statement that has an answer, or with the
+        COMMIT; ``then`` sees its rows once they are back."""
+        if self._pipeline is None:
+            rows = self.run(query, params)
+            if then is not None:
+                then(rows)
+            return
+        try:
+            if self._begin_pending:
+                self._begin_pending = False
+                self._conn.execute(b"BEGIN")
+            cursor = self._conn.execute(query, params)
+        except psycopg.Error as exc:
+            self._raise_translated(exc)
+        if then is not None:
+            self._deferred.append((cursor, then))
+
+    def _settle_deferred(self) -> None:
+        """Hands the answers of posted statements that are back to their ``then``."""
+        waiting = []
+        for cursor, then in self._deferred:
+            result = cursor.pgresult
+            if result is None:
+                waiting.append((cursor, then))
+            elif result.status == TUPLES_OK:
+                then(cursor.fetchall())
+        self._deferred = waiting
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """The block's statements in psycopg's pipeline mode, ending with ``commit()``."""
+        try:
+            with self._conn.pipeline() as pipeline:
+                self._pipeline = pipeline
+                try:
+                    yield
+                except BaseException:
+                    # Reads what is still queued, and the error that aborted the pipeline,
+                    # here, rather than have the pipeline's exit log it as a warning.
+                    with contextlib.suppress(psycopg.Error):
+                        pipeline.sync()
+                    raise
+                finally:
+                    self._pipeline = None
+            self._settle_deferred()
+        except psycopg.Error as exc:
+            self._raise_translated(exc)
+
+    def commit(self) -> None:
+        """COMMIT; in a pipelined transaction, queued with the statements still waiting, and
+        sent with them when the pipeline ends: one round trip."""
+        try:
+            if self._pipeline is not None:
+                self._conn.execute(b"COMMIT")
+            else:
+                # A bare COMMIT, without execute()'s cursor and preparing.
+                self._conn.commit()
+        except psycopg.Error as exc:
+            self._raise_translated(exc)
+
+    def sync(self) -> None:
+        """In a pipelined transaction, sends what is queued and reads every answer (and
+        error); otherwise nothing is waiting."""
+        if self._pipeline is None:
+            return
+        try:
+            self._pipeline.sync()
+        except psycopg.Error as exc:
+            self._raise_translated(exc)
+        self._settle_deferred()
+
+    def _raise_translated(self, exc: psycopg.Error) -> NoReturn:
+        broker_error = translate(exc)
+        if isinstance(broker_error, SchemaValidationNeedsPython):
+            # The message type changed since it was cached: the next SEND reloads it.
+            self.shared.forget_message_types()
+        if broker_error is not None:
+            raise broker_error from None
+        raise exc
 
     def scalar(self, query: bytes | sql.SQL | sql.Composed, params: Sequence[Any] = ()) -> Any:
         rows = self.run(query, params)

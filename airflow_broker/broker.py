@@ -115,17 +115,26 @@ class Broker:
                 # discards it.
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(self, *, pipeline: bool = False) -> Iterator[Transaction]:
         """A pooled connection in a transaction that commits when the block ends normally and
-        rolls back when it raises."""
+        rolls back when it raises.
+
+        With ``pipeline``, statements whose answer you do not wait for (SEND, END
+        CONVERSATION, MOVE CONVERSATION, the batch SEND) are queued and travel with the next
+        statement that returns something, or with the COMMIT: a target's reply, its END and
+        the COMMIT go to the server in one round trip. An error of a queued statement is
+        raised by the statement that sends it, at the latest when the block ends, and the
+        transaction rolls back as with any error. Your own statements on ``tx.conn`` run in
+        psycopg's pipeline mode too.
+        """
         with self._autocommit_connection() as conn:
             # BEGIN, COMMIT and ROLLBACK are ours: BEGIN travels with the first statement.
             tx = Transaction(conn, self.shared, begin=True)
             try:
-                yield tx
-                if tx.begun:
-                    # commit() sends a bare COMMIT, without execute()'s cursor and preparing.
-                    conn.commit()
+                with tx.pipelined() if pipeline else contextlib.nullcontext():
+                    yield tx
+                    if tx.begun:
+                        tx.commit()
             except BaseException:
                 if conn.info.transaction_status in (TransactionStatus.INTRANS,
                                                     TransactionStatus.INERROR):

@@ -14,7 +14,6 @@ from airflow_broker.errors import (
     BrokerError,
     IncorrectSyntax,
     NotAHandle,
-    SchemaValidationNeedsPython,
 )
 from airflow_broker.validation import verdict
 
@@ -101,7 +100,8 @@ class ConversationStatements(StatementRunner):
             handles = [conversation_handle(conversation_handles)]
         else:
             handles = [conversation_handle(h) for h in conversation_handles]
-        self._send("send", handles, message_type, body)
+        q, params = self._send_call("send", handles, message_type, body)
+        self.post(q, params)
 
     def send_many(self, conversation_handle: uuid.UUID, message_type: str,
                   bodies: Sequence[Body]) -> None:
@@ -115,19 +115,21 @@ class ConversationStatements(StatementRunner):
         problems = [verdict(info, d) if info is not None and checked_as and d else None
                     for d in data]
         q = self.function("send_many", 5, ["uuid", "text", "bytea[]", "text", "text[]"])
-        self.run(q, [conversation_handle, message_type, data, checked_as,
-                     problems if any(p is not None for p in problems) else None])
+        self.post(q, [conversation_handle, message_type, data, checked_as,
+                      problems if any(p is not None for p in problems) else None])
 
     def send_if_open(self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT",
                      body: Body = None) -> bool:
         """SEND, unless the peer has already ended the conversation (the endpoint is no longer
         CONVERSING): then nothing is sent and the result is False, instead of error 8429. For
         replies, which may cross the peer's END CONVERSATION."""
-        sent: bool = self._send("send_if_open", conversation_handle, message_type, body)
+        q, params = self._send_call("send_if_open", conversation_handle, message_type, body)
+        sent: bool = self.scalar(q, params)
         return sent
 
-    def _send(self, function: str, handles: list[uuid.UUID] | uuid.UUID, message_type: str,
-              body: Body) -> Any:
+    def _send_call(self, function: str, handles: list[uuid.UUID] | uuid.UUID, message_type: str,
+                   body: Body) -> tuple[bytes, list[Any]]:
+        """The call of send() or send_if_open(), with the XML verdict of the body."""
         data = body_bytes(body)
         info = self.shared.message_type_info(self, message_type)
         checked_as = None
@@ -138,13 +140,7 @@ class ConversationStatements(StatementRunner):
         first = "uuid[]" if isinstance(handles, list) else "uuid"
         q = self.function(function, 6, [first, "text", "bytea", "boolean", "text", "text"])
         target = handle_array(handles) if isinstance(handles, list) else handles
-        try:
-            return self.scalar(q, [target, message_type, data, body is None, checked_as,
-                                   problem])
-        except SchemaValidationNeedsPython:
-            # The message type changed since it was cached: the next SEND reloads it.
-            self.shared.forget_message_types()
-            raise
+        return q, [target, message_type, data, body is None, checked_as, problem]
 
     def end_conversation(
         self,
@@ -165,23 +161,27 @@ class ConversationStatements(StatementRunner):
             if error is not None or description is not None:
                 raise IncorrectSyntax("Incorrect syntax near 'CLEANUP': WITH ERROR and WITH "
                                        "CLEANUP exclude each other.")
-            self.run(self.function("end_conversation_with_cleanup", 1, ["uuid"]),
-                     [conversation_handle])
+            self.post(self.function("end_conversation_with_cleanup", 1, ["uuid"]),
+                      [conversation_handle])
             return
         if error is None and description is None:
             q = self.function("end_conversation", 1, ["uuid"])
-            warning = self.scalar(q, [conversation_handle])
+            params: list[Any] = [conversation_handle]
         else:
             q = self.function("end_conversation_with_error", 3, ["uuid", "integer", "text"])
-            warning = self.scalar(q, [conversation_handle, error, description])
-        if warning == "fire_and_forget":
-            log.warning(
-                "conversation %s: the initiator ended in the transaction that sent its first "
-                "message, before the target answered (fire-and-forget). The target endpoint "
-                "will stay CLOSED until its lifetime ends and errors from the target are lost; "
-                "let the target end first, or give the dialog a LIFETIME.",
-                conversation_handle,
-            )
+            params = [conversation_handle, error, description]
+
+        def warn(rows: list[Any]) -> None:
+            if rows and rows[0][0] == "fire_and_forget":
+                log.warning(
+                    "conversation %s: the initiator ended in the transaction that sent its "
+                    "first message, before the target answered (fire-and-forget). The target "
+                    "endpoint will stay CLOSED until its lifetime ends and errors from the "
+                    "target are lost; let the target end first, or give the dialog a LIFETIME.",
+                    conversation_handle,
+                )
+
+        self.post(q, params, then=warn)
 
     def get_transmission_status(self, conversation_handle: uuid.UUID) -> str:
         """GET_TRANSMISSION_STATUS: why the conversation's messages, or its acknowledgements,
@@ -204,4 +204,4 @@ class ConversationStatements(StatementRunner):
     ) -> None:
         """MOVE CONVERSATION into another group of the same service; both groups are locked."""
         q = self.function("move_conversation", 2, ["uuid", "uuid"])
-        self.run(q, [conversation_handle, conversation_group_id])
+        self.post(q, [conversation_handle, conversation_group_id])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 from psycopg import sql
 
 from airflow_broker.catalog import CatalogStatements
@@ -35,22 +37,34 @@ class Transaction(CatalogStatements, ConversationStatements, ReceiveStatements):
         """
         name = sql.Identifier(f"broker_savepoint_{next(_names)}")
         groups: set[uuid.UUID] = set()
+        # In a pipelined transaction, what was queued before the block must not fail inside it,
+        # and what the block queued must fail inside it: the pipeline is read at both ends.
+        self.sync()
         self.conn.execute(sql.SQL("SAVEPOINT {}").format(name))
         self._savepoint_groups.append(groups)
         try:
             yield
+            self.sync()
         except BaseException:
-            rollback = sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name)
+            statements = [sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name)]
             if groups:
-                relock = sql.SQL(
+                statements.append(sql.SQL(
                     "SELECT 1 FROM {}.dialog_groups WHERE conversation_group_id IN ({})"
                     " ORDER BY conversation_group_id FOR NO KEY UPDATE"
                 ).format(
                     sql.Identifier(self.schema),
                     sql.SQL(", ").join(sql.Literal(str(g)) + sql.SQL("::uuid") for g in groups),
-                )
-                rollback = sql.SQL("; ").join([rollback, relock])
-            self.conn.execute(rollback)
+                ))
+            if self.pipelining:
+                # The pipeline may hold the block's statements, or be aborted by one of
+                # them: read it to its end before rolling the block back.
+                with contextlib.suppress(psycopg.Error):
+                    self.sync()
+                for statement in statements:
+                    self.conn.execute(statement)
+                self.sync()
+            else:
+                self.conn.execute(sql.SQL("; ").join(statements))
             raise
         else:
             self.conn.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
