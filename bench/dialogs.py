@@ -1,10 +1,11 @@
 """Scenario h: complete dialogs per second, with a producer and two readers running at once in
 three processes.
 
-Ours, each step one transaction: the initiator BEGINs a dialog and SENDs the request; a target
-reader RECEIVEs it (WAITFOR), SENDs the reply and ENDs the conversation (the target ends first);
-an initiator-side reader RECEIVEs the reply and the EndDialog (WAITFOR) and ENDs its side. A
-dialog counts when that last END has committed.
+Ours, each step one transaction, measured as is and in pipelined transactions
+(``Broker.transaction(pipeline=True)``): the initiator BEGINs a dialog and SENDs the request; a
+target reader RECEIVEs it (WAITFOR), SENDs the reply and ENDs the conversation (the target ends
+first); an initiator-side reader RECEIVEs the reply and the EndDialog (WAITFOR) and ENDs its
+side. A dialog counts when that last END has committed.
 
 pgmq has no dialogs. Its side is the same request/reply over two queues, each step one
 transaction: pgmq.send of the request; read_with_poll + delete of the request and pgmq.send of
@@ -71,7 +72,7 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
              standing: int) -> Scenario:
     budget = time_budget(env.options.seconds)
     # Per side, per round: what each of the three processes did per second.
-    stages: dict[str, list[tuple[float, float, float]]] = {"ours": [], "pgmq": []}
+    stages: dict[str, list[tuple[float, float, float]]] = {"ours": [], "piped": [], "pgmq": []}
 
     def ours_ready() -> int:
         with env.transaction() as conn:
@@ -97,11 +98,17 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
 
         return after
 
+    def ours(key: str, label: str, pipeline: bool) -> Contender:
+        return Contender(
+            key, label, OURS_OPS, 3,
+            OpParams(target.queue, reply_queue=initiator.queue,
+                     dialog=(initiator.service, target.service, ours_setup.CONTRACT),
+                     pipeline=pipeline),
+            ours_ready, note_stages(key), _completed, "dialogs/s")
+
     rates = alternate(env, "h", [
-        Contender("ours", "ours full dialog, 1 producer + 2 readers", OURS_OPS, 3,
-                  OpParams(target.queue, reply_queue=initiator.queue,
-                           dialog=(initiator.service, target.service, ours_setup.CONTRACT)),
-                  ours_ready, note_stages("ours"), _completed, "dialogs/s"),
+        ours("ours", "ours full dialog, 1 producer + 2 readers", False),
+        ours("piped", "ours full dialog, pipelined, 1 producer + 2 readers", True),
         Contender("pgmq", "pgmq request/reply, 1 producer + 2 readers", PGMQ_OPS, 3,
                   OpParams(REQUEST_QUEUE, reply_queue=REPLY_QUEUE),
                   pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s"),
@@ -115,18 +122,21 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
         return f"{begun:,.0f} begun, {answered:,.0f} answered, {completed:,.0f} completed"
 
     note = (
-        "Per second, medians over rounds: ours " + stage_medians("ours") + "; pgmq "
-        + stage_medians("pgmq") + ". The peer is not a dialog: pgmq has none, so its side is "
-        "the same request/reply over two queues (send; read+delete, send reply; read+delete), "
-        "without endpoints, conversation groups, EndDialog or END CONVERSATION. Our tables "
-        f"held {standing:,} other dialogs with a message each (a broker in use) when analyzed."
+        "Per second, medians over rounds: ours " + stage_medians("ours") + "; pipelined "
+        + stage_medians("piped") + "; pgmq " + stage_medians("pgmq") + ". Pipelined: each "
+        "step in Broker.transaction(pipeline=True), so the SENDs and ENDs after a statement "
+        "with an answer travel with the COMMIT. The peer is not a dialog: pgmq has none, so its "
+        "side is the same request/reply over two queues (send; read+delete, send reply; "
+        "read+delete), without endpoints, conversation groups, EndDialog or END CONVERSATION. "
+        f"Our tables held {standing:,} other dialogs with a message each (a broker in use) "
+        "when analyzed."
     )
+    goal = Target("ratio_at_least", 1.0, ">= 1.0x request/reply")
     return Scenario(
         "h", "Full dialog: BEGIN + SEND; RECEIVE + SEND + END; RECEIVE + END", note=note,
         rows=[Row(
-            "complete dialogs, 1 producer + 2 readers", "dialogs/s", PEER_LABEL,
-            median(rates["pgmq"]), median(rates["ours"]),
-            target=Target("ours_at_least", 500, ">= 500 dialogs/s"),
-            peer_rounds=rates["pgmq"], ours_rounds=rates["ours"],
-        )],
+            f"complete dialogs{how}, 1 producer + 2 readers", "dialogs/s", PEER_LABEL,
+            median(rates["pgmq"]), median(rates[key]), target=goal,
+            peer_rounds=rates["pgmq"], ours_rounds=rates[key],
+        ) for key, how in (("ours", ""), ("piped", ", pipelined"))],
     )

@@ -30,7 +30,7 @@ from bench.report import Scenario
 from bench.workers import LoadTask, Measurement, WorkerPool
 
 DSN_ENV = "AIRFLOW_BROKER_BENCH_DSN"
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l")
 PGMQ_QUEUES = ("bench_send", "bench_recv1", "bench_recv100", "bench_wait", "bench_growth",
                "bench_drain", "bench_request", "bench_reply")
 # Where the readers of scenario j note when they handled their first and last message.
@@ -164,6 +164,13 @@ class Env:
         return self.pool.run_load(tasks, before_go)
 
 
+def pool_size(options: Options) -> int:
+    """Worker processes to start: the scaling study (l) needs its largest point's."""
+    from bench.scaling import WORKERS
+
+    return max(POOL_SIZE, *WORKERS) if options.selected("l") and not options.quick else POOL_SIZE
+
+
 def durable(dsn: str) -> str:
     """The DSN with synchronous_commit forced on for every session the benchmark opens."""
     params = conninfo_to_dict(dsn)
@@ -218,7 +225,16 @@ def _environment(admin: Conn, embedded: bool) -> dict[str, Any]:
 
 
 def _run_scenarios(env: Env) -> list[Scenario]:
-    from bench import cross_db, dialogs, growth, latency, memory, spark_readers, throughput
+    from bench import (
+        cross_db,
+        dialogs,
+        growth,
+        latency,
+        memory,
+        scaling,
+        spark_readers,
+        throughput,
+    )
 
     options = env.options
     done: dict[str, Scenario] = {}
@@ -239,6 +255,8 @@ def _run_scenarios(env: Env) -> list[Scenario]:
         done["j"] = spark_readers.drain(env)
     if options.selected("k"):
         done["k"] = cross_db.cross_database(env)
+    if options.selected("l"):
+        done["l"] = scaling.scaling(env)
     # The big fills come last, so their rows never slow the small scenarios down.
     if options.selected("i"):
         done["i"] = memory.drain(env)
@@ -291,7 +309,7 @@ def execute(options: Options) -> RunResult:
         dsn = durable(base_dsn)
         say("installing the broker schema and pgmq")
         pgmq_sql = prepare_database(dsn)
-        pool = WorkerPool(POOL_SIZE)
+        pool = WorkerPool(pool_size(options))
         try:
             with psycopg.connect(dsn, autocommit=True) as admin, Broker(dsn) as broker:
                 env = Env(options, dsn, admin, broker, setup_catalog(broker), pool)

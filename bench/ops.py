@@ -35,6 +35,9 @@ class OpParams:
     dialog: tuple[str, str, str] = ("", "", "")
     # Readers that wait (WAITFOR): how long one RECEIVE waits before it gives up, in seconds.
     wait: float = 5.0
+    # Ours: Broker.transaction(pipeline=True), statements without an answer sent with the next
+    # one or with the COMMIT.
+    pipeline: bool = False
 
 
 class Op(Protocol):

@@ -151,9 +151,10 @@ class DialogBegin(_BrokerOp):
         super().__init__(dsn)
         self.from_service, self.to_service, self.contract = params.dialog
         self.body = binary_body(params.body_size)
+        self.pipeline = params.pipeline
 
     def __call__(self) -> int:
-        with self.broker.transaction() as tx:
+        with self.broker.transaction(pipeline=self.pipeline) as tx:
             handle = tx.begin_dialog(self.from_service, self.to_service, self.contract)
             tx.send(handle, MESSAGE_TYPE, self.body)
         return 1
@@ -169,9 +170,10 @@ class DialogAnswer(_BrokerOp):
         super().__init__(dsn, connections=2)
         self.queue = params.queue
         self.body = binary_body(params.body_size)
+        self.pipeline = params.pipeline
 
     def __call__(self) -> int:
-        with self.broker.transaction() as tx:
+        with self.broker.transaction(pipeline=self.pipeline) as tx:
             requests = tx.receive(self.queue, waitfor=True, timeout=WAIT_TIMEOUT)
             for request in requests:
                 tx.send(request.conversation_handle, MESSAGE_TYPE, self.body)
@@ -187,9 +189,10 @@ class DialogClose(_BrokerOp):
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, connections=2)
         self.queue = params.reply_queue
+        self.pipeline = params.pipeline
 
     def __call__(self) -> int:
-        with self.broker.transaction() as tx:
+        with self.broker.transaction(pipeline=self.pipeline) as tx:
             messages = tx.receive(self.queue, waitfor=True, timeout=WAIT_TIMEOUT)
             ended = 0
             for message in messages:

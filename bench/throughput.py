@@ -17,13 +17,17 @@ from bench.workers import Measurement
 OUR_TABLES = ("broker.queue_messages", "broker.endpoints", "broker.dialog_groups")
 # Readers spread over this many dialogs, so two readers never wait for one conversation group.
 RECEIVE_DIALOGS = 200
+# SEND against PostgreSQL's own durable INSERT+COMMIT, by producers: the limit that matters
+# (pgmq.send is reported beside it, without a target).
+SEND_TARGETS = {1: Target("ratio_at_least", 0.8, ">= 80% of bare INSERT"),
+                2: Target("ratio_at_least", 0.7, ">= 70% of bare INSERT")}
 
 
 def _pgmq_table(queue: str) -> str:
     return f"pgmq.q_{queue}"
 
 
-def _empty_queues(env: Env) -> tuple[Callable[[], int], Callable[[], int]]:
+def empty_send_queues(env: Env) -> tuple[Callable[[], int], Callable[[], int]]:
     """Readies the send queues, ours and pgmq's: empty, vacuumed; returns the time budget."""
     target = env.catalog.targets["send"]
     budget = time_budget(env.options.seconds)
@@ -48,7 +52,7 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
     # One open dialog per producer, begun once and reused.
     handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 2))
     budget = time_budget(env.options.seconds)
-    ours_ready, pgmq_ready = _empty_queues(env)
+    ours_ready, pgmq_ready = empty_send_queues(env)
 
     def bare_ready() -> int:
         env.admin.execute(f"DELETE FROM {BARE_TABLE}")
@@ -78,14 +82,13 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
         a.rows.append(Row(
             f"SEND 1 msg/tx, {who}", "msg/s", "pgmq.send",
             median(rates[f"pgmq{workers}"]), median(rates[f"ours{workers}"]),
-            target=Target("ratio_at_least", 1.5, ">= 1.5x pgmq.send"),
             peer_rounds=rates[f"pgmq{workers}"], ours_rounds=rates[f"ours{workers}"],
         ))
         if bare:
             f.rows.append(Row(
                 f"SEND 1 msg/tx as % of bare INSERT, {who}", "msg/s", "bare INSERT",
                 median(rates[f"bare{workers}"]), median(rates[f"ours{workers}"]),
-                target=Target("ratio_at_least", 0.7, ">= 70% of bare INSERT"),
+                target=SEND_TARGETS[workers],
                 peer_rounds=rates[f"bare{workers}"], ours_rounds=rates[f"ours{workers}"],
             ))
     return [a, f] if bare else [a]
@@ -95,7 +98,7 @@ def send_batch(env: Env) -> Scenario:
     """b: 100 SENDs in one transaction (one send_many call) vs one pgmq.send_batch of 100."""
     target = env.catalog.targets["send"]
     handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 1))
-    ours_ready, pgmq_ready = _empty_queues(env)
+    ours_ready, pgmq_ready = empty_send_queues(env)
     rates = alternate(env, "b", [
         Contender("ours", "ours 100 x SEND in 1 tx", "ours.send_batch", 1,
                   OpParams(target.queue, handles, batch=100), ours_ready),
@@ -110,7 +113,7 @@ def send_batch(env: Env) -> Scenario:
     )])
 
 
-def _receive_contenders(
+def receive_contenders(
     env: Env, target_name: str, top: int, fill_per_second: int, cap: int, workers: int,
     peers: list[tuple[str, str, str]],
     ours: tuple[tuple[str, str, str], ...] = (("ours", "RECEIVE", "ours.receive"),),
@@ -170,10 +173,10 @@ def receive_one(env: Env) -> Scenario:
             ("auto", "autocommit RECEIVE", "ours.receive_autocommit"))
     contenders = []
     for workers in (1, 2):
-        contenders += _receive_contenders(env, "recv1", 1, 3_000, 500_000, workers, peers, ours)
+        contenders += receive_contenders(env, "recv1", 1, 3_000, 500_000, workers, peers, ours)
     rates = alternate(env, "c", contenders)
     scenario = Scenario("c", "RECEIVE TOP(1) + commit")
-    read_target = Target("ratio_at_least", 2.0, ">= 2.0x read+delete")
+    read_target = Target("ratio_at_least", 1.5, ">= 1.5x read+delete")
     pop_target = Target("ratio_at_least", 1.0, ">= 1.0x pop")
     for workers in (1, 2):
         who = f"{workers} reader{'s' if workers > 1 else ''}"
@@ -195,7 +198,7 @@ def receive_one(env: Env) -> Scenario:
 
 def receive_batch(env: Env) -> Scenario:
     """d: RECEIVE TOP(100) + commit vs pgmq read 100 + delete of the array of ids."""
-    contenders = _receive_contenders(
+    contenders = receive_contenders(
         env, "recv100", 100, 30_000, 2_000_000, 1,
         [("read", "pgmq read(100)+delete", "pgmq.read_delete")],
     )
