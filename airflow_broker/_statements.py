@@ -166,8 +166,11 @@ class StatementRunner:
         """Registers a receiving transaction for poison-message detection, on the Broker's own
         connection so that the record survives this transaction's rollback."""
         self.shared.stats.received += len(messages)
-        if self._conn.info.transaction_status == TransactionStatus.IDLE:
-            # An autocommit RECEIVE has committed already: nothing can roll it back.
+        if (self._pipeline is None
+                and self._conn.info.transaction_status == TransactionStatus.IDLE):
+            # An autocommit RECEIVE has committed already: nothing can roll it back. (In
+            # pipeline mode libpq reports the status of the last Sync, from before this
+            # transaction's BEGIN: a pipelined transaction is always one.)
             return
         self.received_queues.add(queue_id)
         if poison_handling:

@@ -102,6 +102,30 @@ def test_T_PM_01_five_rollbacks_disable_the_queue(watched: App) -> None:
     assert is_enabled(broker)
 
 
+def test_T_PM_01_pipelined_rollbacks_count_as_any_others(watched: App) -> None:
+    """A pipelined transaction (pipeline=True) records its RECEIVE for poison detection as any
+    transaction does: five rollbacks of it disable the queue, and a commit resets the count."""
+    broker = watched.broker
+    fill(watched)
+
+    def fail_pipelined() -> None:
+        with pytest.raises(RuntimeError), broker.transaction(pipeline=True) as tx:
+            assert tx.receive("q_t", 1)
+            raise RuntimeError("processing fails")
+
+    for _ in range(4):
+        fail_pipelined()
+    with broker.transaction(pipeline=True) as tx:
+        assert tx.receive("q_t", 1)
+    for attempt in range(4):
+        fail_pipelined()
+        assert is_enabled(broker), f"disabled after {attempt + 1} rollbacks since the commit"
+    assert count(broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                         " WHERE name = 'q_t'") == 4
+    fail_pipelined()
+    assert not is_enabled(broker)
+
+
 def test_T_PM_01_a_commit_resets_the_count(watched: App) -> None:
     fill(watched, 4)
     for _ in range(4):
@@ -160,7 +184,7 @@ KILLED_READER = r"""
 import json, sys, time
 from airflow_broker import Broker
 broker = Broker(sys.argv[1])
-with broker.transaction() as tx:
+with broker.transaction(pipeline=sys.argv[2] == "pipelined") as tx:
     batch = tx.receive("q_t", 1)
     print(json.dumps([str(m.message_id) for m in batch]), flush=True)
     time.sleep(120)
@@ -168,7 +192,8 @@ with broker.transaction() as tx:
 
 
 @pytest.mark.slow
-def test_readers_killed_five_times_disable_the_queue(watched: App) -> None:
+@pytest.mark.parametrize("mode", ["plain", "pipelined"])
+def test_readers_killed_five_times_disable_the_queue(watched: App, mode: str) -> None:
     broker = watched.broker
     fill(watched, 1)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
@@ -176,7 +201,7 @@ def test_readers_killed_five_times_disable_the_queue(watched: App) -> None:
     for _ in range(5):
         deadline = time.monotonic() + 60
         while True:
-            reader = subprocess.Popen([sys.executable, "-c", KILLED_READER, broker.dsn],
+            reader = subprocess.Popen([sys.executable, "-c", KILLED_READER, broker.dsn, mode],
                                       stdout=subprocess.PIPE, text=True, env=env)
             assert reader.stdout is not None
             taken = json.loads(reader.stdout.readline())
