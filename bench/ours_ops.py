@@ -32,9 +32,10 @@ class SendOne(_BrokerOp):
         super().__init__(dsn)
         self.handle = uuid.UUID(params.handles[worker % len(params.handles)])
         self.body = binary_body(params.body_size)
+        self.pipeline = params.pipeline
 
     def __call__(self) -> int:
-        with self.broker.transaction() as tx:
+        with self.broker.transaction(pipeline=self.pipeline) as tx:
             tx.send(self.handle, MESSAGE_TYPE, self.body)
         return 1
 

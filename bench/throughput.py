@@ -65,6 +65,8 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
         contenders += [
             Contender(f"ours{workers}", f"ours SEND, {who}", "ours.send", workers,
                       OpParams(target.queue, handles), ours_ready),
+            Contender(f"piped{workers}", f"ours SEND, pipelined, {who}", "ours.send", workers,
+                      OpParams(target.queue, handles, pipeline=True), ours_ready),
             Contender(f"pgmq{workers}", f"pgmq.send, {who}", "pgmq.send", workers,
                       OpParams(target.queue), pgmq_ready),
         ]
@@ -79,18 +81,20 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
     f = Scenario("f", "The physical limit: a bare 100-byte INSERT + COMMIT per transaction")
     for workers in (1, 2):
         who = f"{workers} producer{'s' if workers > 1 else ''}"
-        a.rows.append(Row(
-            f"SEND 1 msg/tx, {who}", "msg/s", "pgmq.send",
-            median(rates[f"pgmq{workers}"]), median(rates[f"ours{workers}"]),
-            peer_rounds=rates[f"pgmq{workers}"], ours_rounds=rates[f"ours{workers}"],
-        ))
-        if bare:
-            f.rows.append(Row(
-                f"SEND 1 msg/tx as % of bare INSERT, {who}", "msg/s", "bare INSERT",
-                median(rates[f"bare{workers}"]), median(rates[f"ours{workers}"]),
-                target=SEND_TARGETS[workers],
-                peer_rounds=rates[f"bare{workers}"], ours_rounds=rates[f"ours{workers}"],
+        # As is, and in a pipelined transaction (BEGIN, SEND and COMMIT in one round trip).
+        for key, how in (("ours", ""), ("piped", ", pipelined")):
+            a.rows.append(Row(
+                f"SEND 1 msg/tx{how}, {who}", "msg/s", "pgmq.send",
+                median(rates[f"pgmq{workers}"]), median(rates[f"{key}{workers}"]),
+                peer_rounds=rates[f"pgmq{workers}"], ours_rounds=rates[f"{key}{workers}"],
             ))
+            if bare:
+                f.rows.append(Row(
+                    f"SEND 1 msg/tx{how} as % of bare INSERT, {who}", "msg/s", "bare INSERT",
+                    median(rates[f"bare{workers}"]), median(rates[f"{key}{workers}"]),
+                    target=SEND_TARGETS[workers],
+                    peer_rounds=rates[f"bare{workers}"], ours_rounds=rates[f"{key}{workers}"],
+                ))
     return [a, f] if bare else [a]
 
 
