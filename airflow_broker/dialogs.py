@@ -66,11 +66,13 @@ class ConversationStatements(StatementRunner):
         """BEGIN DIALOG CONVERSATION; returns the initiator's conversation handle.
 
         ``lifetime`` is in seconds (SQL Server's default: 2,147,483,647); None is error 8406 as
-        LIFETIME = NULL is in SQL Server.
+        LIFETIME = NULL is in SQL Server. In a pipelined transaction the handle is a random
+        UUID made here, and the statement travels with the next one that has an answer, or
+        with the COMMIT, which raise its errors.
         """
         q = self.function(
-            "begin_dialog", 8,
-            ["text", "text", "text", "uuid", "uuid", "integer", "boolean", "text"],
+            "begin_dialog", 9,
+            ["text", "text", "text", "uuid", "uuid", "integer", "boolean", "text", "uuid"],
         )
         if lifetime is not None and not 1 <= lifetime <= MAX_LIFETIME:
             raise BrokerError(
@@ -78,11 +80,14 @@ class ConversationStatements(StatementRunner):
                 f"The dialog lifetime value of {lifetime} is outside the allowable range of 1 to "
                 "2147483647. Specify a valid dialog lifetime value.",
             )
-        handle: uuid.UUID = self.scalar(q, [
-            from_service, to_service, contract, related_conversation,
-            related_conversation_group, lifetime, encryption, to_broker_instance,
-        ])
-        return handle
+        params = [from_service, to_service, contract, related_conversation,
+                  related_conversation_group, lifetime, encryption, to_broker_instance]
+        if self.pipelining:
+            handle = uuid.uuid4()
+            self.post(q, [*params, handle])
+            return handle
+        made: uuid.UUID = self.scalar(q, [*params, None])
+        return made
 
     def send(
         self,

@@ -141,6 +141,10 @@ class RelatedConversationAndGroup(InvalidArgument, number=8414):
     """BEGIN DIALOG with both RELATED_CONVERSATION and RELATED_CONVERSATION_GROUP."""
 
 
+class HandleInUse(InvalidArgument, number=50125):
+    """BEGIN DIALOG given a conversation handle that an endpoint already has."""
+
+
 class ContractNameIsNull(InvalidArgument, number=8417):
     """BEGIN DIALOG without a contract."""
 

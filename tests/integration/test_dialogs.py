@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker, BrokerError
+from airflow_broker.errors import HandleInUse, translate
 from tests.support.brokers import App
 from tests.support.helpers import count, endpoint, snapshot
 
@@ -347,3 +348,21 @@ def test_send_many_takes_the_careful_path_when_it_must(app: App) -> None:
         tx.send_many(handle, "Resp", ["x", "y"])
     assert exc.value.number == 8432
     assert snapshot(app.broker) == before
+
+
+def test_begin_dialog_with_a_handle_of_the_callers(app: App) -> None:
+    """BEGIN DIALOG may be given the new endpoint's handle (a pipelined client makes its own);
+    a handle an endpoint already has is refused with 50125 and creates nothing."""
+    chosen = uuid.uuid4()
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        made = conn.execute("SELECT broker.begin_dialog('I', 'T', 'C',"
+                            " p_conversation_handle => %s)", [chosen]).fetchone()
+        assert made == (chosen,)
+        endpoints = conn.execute("SELECT count(*) FROM broker.endpoints").fetchone()
+        with pytest.raises(psycopg.Error) as exc:
+            conn.execute("SELECT broker.begin_dialog('I', 'T', 'C', p_conversation_handle => %s)",
+                         [chosen])
+        assert conn.execute("SELECT count(*) FROM broker.endpoints").fetchone() == endpoints
+    error = translate(exc.value)
+    assert isinstance(error, HandleInUse) and error.number == 50125, exc.value
+    assert str(chosen) in str(error)

@@ -167,3 +167,43 @@ def test_pipelined_savepoint_keeps_a_failed_send_inside_the_block(orders: App) -
     assert exc.value.number == 8426
     with orders.broker.transaction() as tx:
         assert [m.message_body for m in tx.receive("q_t")] == [b"before", b"after"]
+
+
+def test_pipelined_begin_dialog_send_and_commit_travel_in_one_round_trip(
+        orders: App, tmp_path: Path) -> None:
+    """A producer's pattern, BEGIN DIALOG and SEND: pipelined, the handle is made by the client
+    and the BEGIN DIALOG, the SEND and the COMMIT reach the server together; the target
+    receives the message on the dialog of that handle."""
+    trace_file = tmp_path / "libpq.trace"
+    handles = []
+    for number in (1, 2):
+        with open(trace_file, "w") as trace:
+            with orders.broker.transaction(pipeline=True) as tx:
+                pgconn = tx.conn.pgconn
+                if number == 2:
+                    pgconn.trace(trace.fileno())
+                    pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                handle = tx.begin_dialog("I", "T", "C")
+                tx.send(handle, "Req", f"request {number}".encode())
+            pgconn.untrace()
+        handles.append(handle)
+    traced = trace_file.read_text()
+    assert _syncs(traced) == 1, traced
+    with orders.broker.transaction() as tx:
+        got = tx.receive("q_t") + tx.receive("q_t")
+        initiators = [count(orders.broker, "SELECT count(*) FROM broker.endpoints"
+                                           " WHERE conversation_handle = %s AND is_initiator",
+                            (h,)) for h in handles]
+    assert sorted(m.message_body for m in got) == [b"request 1", b"request 2"]
+    assert initiators == [1, 1]
+
+
+def test_pipelined_begin_dialog_error_is_raised_and_nothing_commits(orders: App) -> None:
+    """A pipelined BEGIN DIALOG from a service that does not exist fails with 8423 when the
+    block ends: no endpoint, no message."""
+    with pytest.raises(BrokerError) as exc, orders.broker.transaction(pipeline=True) as tx:
+        handle = tx.begin_dialog("NoSuchService", "T", "C")
+        tx.send(handle, "Req", b"lost")
+    assert exc.value.number == 8423
+    assert count(orders.broker, "SELECT count(*) FROM broker.endpoints") == 0
+    assert count(orders.broker, "SELECT count(*) FROM broker.queue_messages") == 0

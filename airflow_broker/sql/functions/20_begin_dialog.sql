@@ -1,5 +1,13 @@
 -- BEGIN DIALOG CONVERSATION (spec 6). Creates only the initiator endpoint (state SO); the target
 -- endpoint is created when the first message reaches the target.
+--
+-- p_conversation_handle: the handle to give the new endpoint, a random UUID made by the caller
+-- (NULL: one made here). A pipelined client makes its own, so that BEGIN DIALOG need not wait
+-- for an answer and travels with the SEND and the COMMIT after it.
+
+-- The signature before p_conversation_handle: with both, a call that leaves out the defaults
+-- would be ambiguous.
+DROP FUNCTION IF EXISTS begin_dialog(text, text, text, uuid, uuid, integer, boolean, text);
 
 CREATE OR REPLACE FUNCTION begin_dialog(
     p_from_service text,
@@ -9,7 +17,8 @@ CREATE OR REPLACE FUNCTION begin_dialog(
     p_related_conversation_group uuid DEFAULT NULL,
     p_lifetime integer DEFAULT 2147483647,
     p_encryption boolean DEFAULT true,
-    p_to_broker_instance text DEFAULT NULL)
+    p_to_broker_instance text DEFAULT NULL,
+    p_conversation_handle uuid DEFAULT NULL)
 RETURNS uuid LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
 DECLARE
@@ -19,7 +28,7 @@ DECLARE
     v_contract_owner oid;
     v_group uuid;
     v_group_service integer;
-    v_handle uuid := gen_random_uuid();
+    v_handle uuid := coalesce(p_conversation_handle, gen_random_uuid());
     v_now timestamp := utc_now();
     v_instance text := lower(p_to_broker_instance);
 BEGIN
@@ -46,6 +55,10 @@ BEGIN
     END IF;
     IF p_related_conversation IS NOT NULL AND p_related_conversation_group IS NOT NULL THEN
         PERFORM raise_error(8414, p_related_conversation_group::text);
+    END IF;
+    IF p_conversation_handle IS NOT NULL
+       AND EXISTS (SELECT 1 FROM endpoints WHERE conversation_handle = p_conversation_handle) THEN
+        PERFORM raise_error(50125, p_conversation_handle::text);
     END IF;
 
     SELECT service_id, service_queue_id INTO v_service_id, v_queue_id
