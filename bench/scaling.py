@@ -17,10 +17,15 @@ import os
 
 from bench import ours_setup
 from bench.harness import Env
-from bench.ops import BARE_TABLE, OpParams
+from bench.ops import OpParams
 from bench.report import Row, Scenario, median
-from bench.rounds import Contender, alternate, time_budget
-from bench.throughput import OUR_TABLES, empty_send_queues, receive_contenders
+from bench.rounds import Contender, alternate
+from bench.throughput import (
+    OUR_TABLES,
+    empty_bare_table,
+    empty_send_queues,
+    receive_contenders,
+)
 
 WORKERS = (1, 2, 4, 8)
 WORKERS_QUICK = (1, 2)
@@ -34,14 +39,8 @@ def scaling(env: Env) -> Scenario:
     counts = WORKERS_QUICK if env.options.quick else WORKERS
     target = env.catalog.targets["send"]
     handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, max(counts)))
-    budget = time_budget(env.options.seconds)
     ours_ready, pgmq_ready = empty_send_queues(env)
-
-    def bare_ready() -> int:
-        env.admin.execute(f"DELETE FROM {BARE_TABLE}")
-        env.settle([BARE_TABLE])
-        return budget
-
+    bare_ready = empty_bare_table(env)
     contenders: list[Contender] = []
     for workers in counts:
         who = _who(workers, "producer")

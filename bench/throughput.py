@@ -46,19 +46,25 @@ def empty_send_queues(env: Env) -> tuple[Callable[[], int], Callable[[], int]]:
     return ours_ready, pgmq_ready
 
 
-def send_one(env: Env, *, bare: bool) -> list[Scenario]:
-    """a: SEND one message per transaction vs pgmq.send; f: the same SEND vs a bare INSERT."""
-    target = env.catalog.targets["send"]
-    # One open dialog per producer, begun once and reused.
-    handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 2))
+def empty_bare_table(env: Env) -> Callable[[], int]:
+    """Readies the bare INSERT's table: empty, vacuumed; returns the time budget."""
     budget = time_budget(env.options.seconds)
-    ours_ready, pgmq_ready = empty_send_queues(env)
 
     def bare_ready() -> int:
         env.admin.execute(f"DELETE FROM {BARE_TABLE}")
         env.settle([BARE_TABLE])
         return budget
 
+    return bare_ready
+
+
+def send_one(env: Env, *, bare: bool) -> list[Scenario]:
+    """a: SEND one message per transaction vs pgmq.send; f: the same SEND vs a bare INSERT."""
+    target = env.catalog.targets["send"]
+    # One open dialog per producer, begun once and reused.
+    handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 2))
+    ours_ready, pgmq_ready = empty_send_queues(env)
+    bare_ready = empty_bare_table(env)
     contenders = []
     for workers in (1, 2):
         who = f"{workers} producer{'s' if workers > 1 else ''}"
