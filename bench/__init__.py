@@ -1,4 +1,4 @@
-"""Benchmarks of airflow-broker against pgmq on the same PostgreSQL (issue 7).
+"""Benchmarks of airflow-broker against pgmq on the same PostgreSQL.
 
 ``python -m bench`` runs every scenario; ``bench.run(Options(...))`` is the same from Python and
 returns the JSON-ready result. See docs/performance.md for what each scenario measures.

@@ -1,4 +1,4 @@
-"""The queue reader and its poison strategies (spec 18; issue 6), without Spark."""
+"""The queue reader and its poison strategies (spec 18), without Spark."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Spark reader application, submitted with spark-submit on local[2] (issue 6)."""
+"""The Spark reader application, submitted with spark-submit on local[2]."""
 
 from __future__ import annotations
 
