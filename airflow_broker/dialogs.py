@@ -169,12 +169,11 @@ class ConversationStatements(StatementRunner):
             self.post(self.function("end_conversation_with_cleanup", 1, ["uuid"]),
                       [conversation_handle])
             return
-        if error is None and description is None:
-            q = self.function("end_conversation", 1, ["uuid"])
-            params: list[Any] = [conversation_handle]
-        else:
-            q = self.function("end_conversation_with_error", 3, ["uuid", "integer", "text"])
-            params = [conversation_handle, error, description]
+        # The four-argument form that end_conversation(handle) and
+        # end_conversation_with_error() wrap: one PL/pgSQL call fewer per END.
+        q = self.function("end_conversation", 4, ["uuid", "boolean", "integer", "text"])
+        with_error = error is not None or description is not None
+        params = [conversation_handle, with_error, error, description]
 
         def warn(rows: list[Any]) -> None:
             if rows and rows[0][0] == "fire_and_forget":
