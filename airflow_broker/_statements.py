@@ -193,23 +193,20 @@ class StatementRunner:
     def run(self, query: bytes | sql.SQL | sql.Composed,
             params: Sequence[Any] = ()) -> list[TupleRow]:
         try:
-            if self._begin_pending:
-                self._begin_pending = False
-                if self._pipeline is not None:
-                    self._conn.execute(b"BEGIN")
-                    cursor = self._conn.execute(query, params)
-                else:
-                    # One round trip: the cursor's results are read when the pipeline ends.
-                    with self._conn.pipeline():
-                        self._conn.execute(b"BEGIN")
-                        cursor = self._conn.execute(query, params)
-            else:
-                cursor = self._conn.execute(query, params)
             if self._pipeline is not None:
-                # Sends what is queued with this statement and reads every answer up to its.
-                rows = cursor.fetchall()
+                # A pending BEGIN is queued ahead by self.conn; fetching sends what is queued
+                # with this statement and reads every answer up to its.
+                rows = self.conn.execute(query, params).fetchall()
                 self._settle_deferred()
                 return rows
+            if self._begin_pending:
+                self._begin_pending = False
+                # One round trip: the cursor's results are read when the pipeline ends.
+                with self._conn.pipeline():
+                    self._conn.execute(b"BEGIN")
+                    cursor = self._conn.execute(query, params)
+            else:
+                cursor = self._conn.execute(query, params)
             # Not cursor.description, which builds a Column object per column on every call.
             result = cursor.pgresult
             return cursor.fetchall() if result is not None and result.status == TUPLES_OK else []
@@ -227,10 +224,7 @@ class StatementRunner:
                 then(rows)
             return
         try:
-            if self._begin_pending:
-                self._begin_pending = False
-                self._conn.execute(b"BEGIN")
-            cursor = self._conn.execute(query, params)
+            cursor = self.conn.execute(query, params)
         except psycopg.Error as exc:
             self._raise_translated(exc)
         if then is not None:
