@@ -59,10 +59,6 @@ BEGIN
     IF p_related_conversation IS NOT NULL AND p_related_conversation_group IS NOT NULL THEN
         PERFORM raise_error(8414, p_related_conversation_group::text);
     END IF;
-    IF p_conversation_handle IS NOT NULL
-       AND EXISTS (SELECT 1 FROM endpoints WHERE conversation_handle = p_conversation_handle) THEN
-        PERFORM raise_error(50125, p_conversation_handle::text);
-    END IF;
 
     SELECT s.service_id, q.object_id, q.principal_id, q.name, q.schema_name
       INTO v_service_id, v_queue_id, v_queue_owner, v_queue_name, v_queue_schema
@@ -126,7 +122,12 @@ BEGIN
         is_encrypted, created_at)
     VALUES (
         v_handle, gen_random_uuid(), true, v_contract_id, v_group, v_service_id, p_to_service,
-        v_instance, v_now + make_interval(secs => p_lifetime), 'SO', p_encryption, v_now);
+        v_instance, v_now + make_interval(secs => p_lifetime), 'SO', p_encryption, v_now)
+    ON CONFLICT (conversation_handle) DO NOTHING;
+    -- Only a handle the caller gave can be taken; the error undoes the group made above.
+    IF NOT FOUND THEN
+        PERFORM raise_error(50125, v_handle::text);
+    END IF;
     RETURN v_handle;
 END
 $$;
