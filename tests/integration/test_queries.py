@@ -75,9 +75,9 @@ def test_the_benchmark_explains_the_functions_own_statements(dsn: str) -> None:
     """bench/profiling.py explains the statements marked in sql/functions: each one is found,
     and plans against an installed schema as it stands in its function."""
     statements = engine_statements()
-    assert set(statements) == {"send_endpoint", "send_pending", "deliver_far_endpoint",
-                               "deliver_insert", "send_update_endpoint", "receive_lock_group",
-                               "receive_take"}
+    assert set(statements) == {"send_endpoint", "send_local", "send_pending",
+                               "deliver_far_endpoint", "deliver_insert", "send_update_endpoint",
+                               "end_local", "receive_lock_group", "receive_take"}
     failures = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET search_path = broker")

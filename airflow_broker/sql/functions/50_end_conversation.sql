@@ -46,6 +46,7 @@ DECLARE
     v_status text;
     v_warning text;
     v_peer_sent bigint;
+    v_queue integer;
 BEGIN
     IF p_with_error THEN
         IF p_error_code IS NULL AND p_error_description IS NULL THEN
@@ -81,6 +82,77 @@ BEGIN
         -- The peer has ended already (or the dialog failed): nothing more to send.
         PERFORM close_endpoint(p_handle);
         RETURN NULL;
+    END IF;
+
+    IF NOT p_with_error AND e.state = 'CO' AND e.far_handle IS NOT NULL
+       AND NOT e.is_remote THEN
+        -- The common END: the peer is in this broker, open, not held by another transaction,
+        -- on an enabled queue, and nothing waits in the transmission queue. One statement
+        -- does what deliver() and the endpoint's UPDATE below do for it (each statement of a
+        -- PL/pgSQL function is a round through the executor); when any condition does not
+        -- hold it finds no peer, and the general path decides.
+        -- explain end_local: e.far_handle uuid, p_handle uuid, e.priority smallint,
+        --   e.send_sequence bigint, e.service_contract_id integer, e.is_initiator boolean,
+        --   e.flag_sent_at timestamp, e.message0_xid xid8
+        WITH peer AS (
+            SELECT p.conversation_handle, p.conversation_group_id, p.service_id,
+                   p.send_sequence, p.flag_sent_at, ps.service_queue_id, utc_now() AS now
+              FROM endpoints p
+              JOIN service_defs ps ON ps.service_id = p.service_id
+              JOIN queues pq ON pq.object_id = ps.service_queue_id
+             WHERE p.conversation_handle = e.far_handle
+               AND p.state IN ('SI', 'CO') AND pq.is_enqueue_enabled
+               AND (SELECT is_broker_enabled FROM broker_identity)
+               AND NOT EXISTS (SELECT 1 FROM transmissions
+                                WHERE conversation_handle = p_handle)
+               -- As deliver(): an EndDialog never waits for its peer's row.
+               FOR NO KEY UPDATE OF p SKIP LOCKED
+        ), ended AS (
+            INSERT INTO queue_messages (queue_id, priority, conversation_group_id,
+                                        conversation_handle, message_sequence_number,
+                                        precedence, service_id, service_contract_id,
+                                        message_type_id, message_body, message_id, enqueued_at)
+            SELECT service_queue_id, e.priority, conversation_group_id, conversation_handle,
+                   e.send_sequence, 2, service_id, e.service_contract_id, 2, NULL,
+                   gen_random_uuid(), now
+              FROM peer
+            RETURNING queue_id
+        ), told AS (
+            UPDATE endpoints p
+               SET state = 'DI', end_dialog_sequence = e.send_sequence,
+                   -- An initiator that saw message 0 acknowledged starts the target's replay
+                   -- protection with its EndDialog (spec 15.1), as deliver() does.
+                   security_timestamp =
+                       CASE WHEN e.is_initiator AND p.security_timestamp = '1900-01-01'
+                                 AND e.message0_xid <> pg_current_xact_id()
+                            THEN coalesce(e.flag_sent_at, peer.now) + interval '30 minutes'
+                            ELSE p.security_timestamp END
+              FROM peer
+             WHERE p.conversation_handle = peer.conversation_handle
+        ), closed AS (
+            -- A target goes straight to CLOSED (see below), its replay protection started
+            -- by its own EndDialog if nothing started it before.
+            UPDATE endpoints ce
+               SET send_sequence = ce.send_sequence + 1, end_dialog_sequence = e.send_sequence,
+                   state = 'CD', dialog_timer = '1900-01-01',
+                   security_timestamp =
+                       CASE WHEN ce.security_timestamp = '1900-01-01'
+                            THEN coalesce(peer.flag_sent_at, peer.now) + interval '30 minutes'
+                            ELSE ce.security_timestamp END
+              FROM peer
+             WHERE ce.conversation_handle = p_handle AND NOT e.is_initiator
+        )
+        SELECT ended.queue_id, peer.send_sequence INTO v_queue, v_peer_sent FROM ended, peer;
+        IF v_queue IS NOT NULL THEN
+            IF e.is_initiator THEN
+                IF e.message0_xid = pg_current_xact_id() AND v_peer_sent = 0 THEN
+                    v_warning := 'fire_and_forget';
+                END IF;
+                PERFORM delete_endpoint(p_handle);
+            END IF;
+            PERFORM wake_waiters(v_queue);
+            RETURN v_warning;
+        END IF;
     END IF;
 
     SELECT name INTO v_service FROM service_defs WHERE service_id = e.service_id;
