@@ -19,18 +19,28 @@ DEFAULT_SCHEMA = "broker"
 _HEADER = re.compile(r"^-- (\w+) --$", re.M)
 
 
+def named_blocks(text: str, source: str) -> dict[str, str]:
+    """The blocks of a file's ``text`` headed ``-- name --``, their comment lines left out (a
+    ``%`` in a comment would be taken for a parameter)."""
+    texts: dict[str, str] = {}
+    parts = _HEADER.split(text)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in texts:
+            raise ValueError(f"{source}: query {name!r} is named twice")
+        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+        texts[name] = "\n".join(lines).strip().rstrip(";")
+    return texts
+
+
 @functools.cache
 def query_texts() -> dict[str, str]:
-    """Every named query, its comment lines left out (a ``%`` in a comment would be taken for
-    a parameter), ``{schema}`` where the broker's schema goes."""
+    """Every named query, ``{schema}`` where the broker's schema goes."""
     texts: dict[str, str] = {}
     for path in sorted(QUERIES_DIR.glob("*.sql")):
-        parts = _HEADER.split(path.read_text())
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        for name, text in named_blocks(path.read_text(), path.name).items():
             if name in texts:
                 raise ValueError(f"{path.name}: query {name!r} is named twice")
-            lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-            texts[name] = "\n".join(lines).strip().rstrip(";")
+            texts[name] = text
     return texts
 
 

@@ -13,6 +13,13 @@ the reply; read_with_poll + delete of the reply. It does the same messaging with
 dialog's state (no endpoints, no conversation groups, no EndDialog, no ordering per
 conversation), so the ratio prices the dialog, not a like-for-like alternative.
 
+The floor (bench/floors.sql) runs the same three steps on our tables with the least any design
+that keeps the dialog's state writes, without any of the broker's checks: both endpoints and
+their groups created with message 0; the request taken, the reply and the EndDialog delivered
+and both endpoints' states changed; the reply and EndDialog taken and the initiator's endpoint
+removed. Its readers poll every millisecond. What it reaches against pgmq is the most a dialog
+could reach on the machine.
+
 Before each of our measurements the dialogs of the previous one are removed, and the tables
 are vacuumed and analyzed holding a standing population, as a broker in use holds one (a target
 endpoint stays 30 minutes after its END): 10,000 other dialogs with a message each, waiting on
@@ -29,6 +36,7 @@ from collections.abc import Callable
 from bench import ours_setup, pgmq_peer
 from bench.harness import Env
 from bench.ops import OpParams
+from bench.ours_ops import MESSAGE_TYPE
 from bench.report import Row, Scenario, Target, median
 from bench.rounds import Contender, alternate, time_budget
 from bench.workers import Measurement
@@ -36,6 +44,7 @@ from bench.workers import Measurement
 PRODUCER, ANSWERER, CLOSER = 0, 1, 2
 OURS_OPS = ("ours.dialog_begin", "ours.dialog_answer", "ours.dialog_close")
 PGMQ_OPS = ("pgmq.request_send", "pgmq.request_answer", "pgmq.reply_take")
+FLOOR_OPS = ("bare.dialog_begin", "bare.dialog_answer", "bare.dialog_close")
 REQUEST_QUEUE, REPLY_QUEUE = "bench_request", "bench_reply"
 PEER_LABEL = "pgmq request/reply over 2 queues (no dialog)"
 STANDING_DIALOGS = 10_000
@@ -72,7 +81,8 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
              standing: int) -> Scenario:
     budget = time_budget(env.options.seconds)
     # Per side, per round: what each of the three processes did per second.
-    stages: dict[str, list[tuple[float, float, float]]] = {"ours": [], "piped": [], "pgmq": []}
+    stages: dict[str, list[tuple[float, float, float]]] = {
+        "ours": [], "piped": [], "floor": [], "pgmq": []}
 
     def ours_ready() -> int:
         with env.transaction() as conn:
@@ -109,6 +119,11 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
     rates = alternate(env, "h", [
         ours("ours", "ours full dialog, 1 producer + 2 readers", False),
         ours("piped", "ours full dialog, pipelined, 1 producer + 2 readers", True),
+        Contender("floor", "the floor of a dialog, 1 producer + 2 readers", FLOOR_OPS, 3,
+                  OpParams(target.queue, reply_queue=initiator.queue,
+                           dialog=(initiator.service, target.service, ours_setup.CONTRACT),
+                           message_type=MESSAGE_TYPE),
+                  ours_ready, note_stages("floor"), _completed, "dialogs/s"),
         Contender("pgmq", "pgmq request/reply, 1 producer + 2 readers", PGMQ_OPS, 3,
                   OpParams(REQUEST_QUEUE, reply_queue=REPLY_QUEUE),
                   pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s"),
@@ -123,11 +138,15 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
 
     note = (
         "Per second, medians over rounds: ours " + stage_medians("ours") + "; pipelined "
-        + stage_medians("piped") + "; pgmq " + stage_medians("pgmq") + ". Pipelined: each "
+        + stage_medians("piped") + "; the floor " + stage_medians("floor") + "; pgmq "
+        + stage_medians("pgmq") + ". Pipelined: each "
         "step in Broker.transaction(pipeline=True), so the SENDs and ENDs after a statement "
         "with an answer travel with the COMMIT. The peer is not a dialog: pgmq has none, so its "
         "side is the same request/reply over two queues (send; read+delete, send reply; "
         "read+delete), without endpoints, conversation groups, EndDialog or END CONVERSATION. "
+        "The floor is the least any design that keeps the dialog's state writes for the same "
+        "three steps, without the broker's checks (bench/floors.sql): the most a dialog could "
+        "reach against pgmq on this machine. "
         f"Our tables held {standing:,} other dialogs with a message each (a broker in use) "
         "when analyzed."
     )
@@ -138,5 +157,9 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
             f"complete dialogs{how}, 1 producer + 2 readers", "dialogs/s", PEER_LABEL,
             median(rates["pgmq"]), median(rates[key]), target=goal,
             peer_rounds=rates["pgmq"], ours_rounds=rates[key],
-        ) for key, how in (("ours", ""), ("piped", ", pipelined"))],
+        ) for key, how in (("ours", ""), ("piped", ", pipelined"))] + [Row(
+            "the floor of a dialog (floors.sql), 1 producer + 2 readers", "dialogs/s",
+            PEER_LABEL, median(rates["pgmq"]), median(rates["floor"]), target=goal,
+            peer_rounds=rates["pgmq"], ours_rounds=rates["floor"],
+        )],
     )

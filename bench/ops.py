@@ -7,14 +7,31 @@ latency scenario where a receiver and a sender in two processes take turns.
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from typing import Protocol
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
+from airflow_broker.queries import named_blocks
+
 BARE_TABLE = "bench.bare_insert"
+# The broker's EndDialog message type (message_types.message_type_id).
+END_DIALOG_TYPE = 2
+
+
+@functools.cache
+def floors() -> dict[str, str]:
+    """What any SEND, RECEIVE or dialog writes at least, without the broker's checks
+    (floors.sql). Read as a resource, and on first use: the Spark scenario ships this package
+    as a zip."""
+    return named_blocks(resources.files("bench").joinpath("floors.sql").read_text(),
+                        "floors.sql")
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -38,6 +55,9 @@ class OpParams:
     # Ours: Broker.transaction(pipeline=True), statements without an answer sent with the next
     # one or with the COMMIT.
     pipeline: bool = False
+    # The message type of our SENDs (bench.ours_ops.MESSAGE_TYPE), for ops that write our
+    # tables without the broker's functions.
+    message_type: str = ""
 
 
 class Op(Protocol):
@@ -70,7 +90,14 @@ def json_body(size: int) -> str:
 class BareInsert:
     """The physical limit: one 100-byte row into an index-free table, one commit."""
 
+    # Settings of the connection: the floors' readers plan as the broker's RECEIVE does.
+    OPTIONS = ""
+
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        if self.OPTIONS:
+            # Added to the DSN's own options (durable commits).
+            options = str(conninfo_to_dict(dsn).get("options") or "")
+            dsn = make_conninfo(dsn, options=f"{options} {self.OPTIONS}".strip())
         self.conn = psycopg.connect(dsn)
         self.body = binary_body(params.body_size)
         self.query = f"INSERT INTO {BARE_TABLE} (payload) VALUES (%s)"
@@ -82,3 +109,125 @@ class BareInsert:
 
     def close(self) -> None:
         self.conn.close()
+
+
+class SendFloor(BareInsert):
+    """The floor of a SEND: what any SEND on an open local conversation writes, in one
+    statement without the broker's checks (floors.sql), on this worker's own conversation, as
+    SendOne does."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        self.params = {"handle": params.handles[worker % len(params.handles)],
+                       "body": self.body, "message_type": params.message_type}
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            self.conn.execute(floors()["send"], self.params)
+        return 1
+
+
+# The floor's RECEIVE looks for a free conversation group among the queue's first 16 ready
+# messages, then, when another reader holds all of those, further on (as the broker's RECEIVE
+# goes on past held groups).
+RECEIVE_WINDOWS = (16, 4096)
+
+
+def receive_floor(conn: Conn, queue: str, top: int | None) -> list[TupleRow]:
+    """floors.sql's RECEIVE in the caller's transaction."""
+    for window in RECEIVE_WINDOWS:
+        taken = conn.execute(floors()["receive"],
+                             {"queue": queue, "top": top, "window": window}).fetchall()
+        if taken:
+            return taken
+    return []
+
+
+class ReceiveFloor(BareInsert):
+    """c's floor: RECEIVE TOP(batch) (floors.sql) and commit."""
+
+    OPTIONS = "-c enable_seqscan=off"
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        self.queue, self.top = params.queue, params.batch
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            return len(receive_floor(self.conn, self.queue, self.top))
+
+
+class DialogFloorBegin(BareInsert):
+    """h's floor, the initiator: BEGIN DIALOG and SEND the request (floors.sql), one
+    transaction per dialog."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        initiator, target, contract = params.dialog
+        self.params = {"initiator": initiator, "target": target, "contract": contract,
+                       "message_type": params.message_type, "body": self.body}
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            self.conn.execute(floors()["dialog_begin"], self.params)
+        return 1
+
+
+class _DialogFloorReader(BareInsert):
+    """Takes the messages of one conversation group of ``queue`` (floors.sql) and acts on them
+    in the same transaction; polls every millisecond while there are none, up to ``wait``
+    seconds, as pgmq's readers poll."""
+
+    OPTIONS = ReceiveFloor.OPTIONS
+
+    def __init__(self, dsn: str, worker: int, params: OpParams, queue: str) -> None:
+        super().__init__(dsn, worker, params)
+        self.queue = queue
+        self.wait = params.wait
+        self.message_type = params.message_type
+
+    def act(self, taken: list[TupleRow]) -> int:
+        raise NotImplementedError
+
+    def __call__(self) -> int:
+        deadline = time.monotonic() + self.wait
+        while True:
+            with self.conn.transaction():
+                taken = receive_floor(self.conn, self.queue, None)
+                if taken:
+                    return self.act(taken)
+            if time.monotonic() > deadline:
+                return 0
+            time.sleep(0.001)
+
+
+class DialogFloorAnswer(_DialogFloorReader):
+    """h's floor, the target reader: RECEIVE the request, SEND the reply and END, one
+    transaction."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, params.queue)
+
+    def act(self, taken: list[TupleRow]) -> int:
+        for handle, _type, _body in taken:
+            self.conn.execute(floors()["dialog_reply_and_end"],
+                              {"handle": handle, "message_type": self.message_type,
+                               "body": self.body})
+        return len(taken)
+
+
+class DialogFloorClose(_DialogFloorReader):
+    """h's floor, the initiator-side reader: RECEIVE the reply and the EndDialog, END, one
+    transaction; returns the dialogs completed."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, params.reply_queue)
+
+    def act(self, taken: list[TupleRow]) -> int:
+        ended = [handle for handle, message_type, _body in taken
+                 if message_type == END_DIALOG_TYPE]
+        if len(taken) != 2 * len(ended):
+            raise RuntimeError(f"expected a reply and an EndDialog per dialog, got {taken}")
+        for handle in ended:
+            self.conn.execute(floors()["dialog_end"], {"handle": handle})
+        return len(ended)

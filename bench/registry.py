@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from bench import ours_ops, pgmq_ops
-from bench.ops import BareInsert, OpFactory, StepperFactory
+from bench.ops import (
+    BareInsert,
+    DialogFloorAnswer,
+    DialogFloorBegin,
+    DialogFloorClose,
+    OpFactory,
+    ReceiveFloor,
+    SendFloor,
+    StepperFactory,
+)
 
 LOAD_OPS: dict[str, OpFactory] = {
     "ours.send": ours_ops.SendOne,
@@ -23,6 +32,11 @@ LOAD_OPS: dict[str, OpFactory] = {
     "pgmq.request_answer": pgmq_ops.RequestAnswer,
     "pgmq.reply_take": pgmq_ops.ReplyTake,
     "bare.insert": BareInsert,
+    "bare.send_floor": SendFloor,
+    "bare.receive_floor": ReceiveFloor,
+    "bare.dialog_begin": DialogFloorBegin,
+    "bare.dialog_answer": DialogFloorAnswer,
+    "bare.dialog_close": DialogFloorClose,
 }
 
 STEPPERS: dict[str, StepperFactory] = {

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from bench import ours_setup, pgmq_peer
 from bench.harness import Env
 from bench.ops import BARE_TABLE, OpParams
+from bench.ours_ops import MESSAGE_TYPE
 from bench.report import Row, Scenario, Target, median
 from bench.rounds import Contender, Fill, alternate, time_budget
 from bench.workers import Measurement
@@ -77,10 +78,13 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
                       OpParams(target.queue), pgmq_ready),
         ]
         if bare:
-            contenders.append(
+            contenders += [
                 Contender(f"bare{workers}", f"bare INSERT, {who}", "bare.insert", workers,
-                          OpParams(""), bare_ready)
-            )
+                          OpParams(""), bare_ready),
+                Contender(f"floor{workers}", f"the floor of SEND, {who}", "bare.send_floor",
+                          workers, OpParams(target.queue, handles, message_type=MESSAGE_TYPE),
+                          ours_ready),
+            ]
     rates = alternate(env, "a/f", contenders)
 
     a = Scenario("a", "SEND, one message per transaction, on an open conversation")
@@ -101,6 +105,15 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
                     target=SEND_TARGETS[workers],
                     peer_rounds=rates[f"bare{workers}"], ours_rounds=rates[f"{key}{workers}"],
                 ))
+        if bare:
+            # What any design that numbers a conversation's messages writes, without a check:
+            # the most a SEND could reach against the bare INSERT on this machine.
+            f.rows.append(Row(
+                f"the floor of SEND (floors.sql) as % of bare INSERT, {who}", "msg/s",
+                "bare INSERT", median(rates[f"bare{workers}"]),
+                median(rates[f"floor{workers}"]), target=SEND_TARGETS[workers],
+                peer_rounds=rates[f"bare{workers}"], ours_rounds=rates[f"floor{workers}"],
+            ))
     return [a, f] if bare else [a]
 
 
@@ -180,7 +193,8 @@ def receive_one(env: Env) -> Scenario:
     """c: RECEIVE TOP(1) + commit vs pgmq read+delete and vs pgmq.pop, 1 and 2 readers."""
     peers = [("read", "pgmq read+delete", "pgmq.read_delete"), ("pop", "pgmq.pop", "pgmq.pop")]
     ours = (("ours", "RECEIVE", "ours.receive"),
-            ("auto", "autocommit RECEIVE", "ours.receive_autocommit"))
+            ("auto", "autocommit RECEIVE", "ours.receive_autocommit"),
+            ("floor", "the floor of RECEIVE", "bare.receive_floor"))
     contenders = []
     for workers in (1, 2):
         contenders += receive_contenders(env, "recv1", 1, 3_000, 500_000, workers, peers, ours)
@@ -196,6 +210,11 @@ def receive_one(env: Env) -> Scenario:
                 ("ours", "RECEIVE TOP(1)+commit", "read", "pgmq read+delete", read_target),
                 ("ours", "RECEIVE TOP(1)+commit", "pop", "pgmq.pop", pop_target),
                 ("auto", "autocommit RECEIVE TOP(1) (Broker.receive)", "pop", "pgmq.pop",
+                 pop_target),
+                # Without any check or record, the most a transactional RECEIVE could reach.
+                ("floor", "the floor of RECEIVE TOP(1)+commit (floors.sql)", "read",
+                 "pgmq read+delete", read_target),
+                ("floor", "the floor of RECEIVE TOP(1)+commit (floors.sql)", "pop", "pgmq.pop",
                  pop_target)):
             scenario.rows.append(Row(
                 f"{ours_label}, {who}", "msg/s", label,

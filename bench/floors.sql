@@ -1,0 +1,139 @@
+-- The floors: the least any design that keeps Service Broker's dialog state writes for a
+-- step, in as few statements as PostgreSQL allows, on the broker's own tables and without any
+-- of its checks (permissions, states, contracts, validation, routes, the transmission queue,
+-- poison detection, wake-ups). Scenarios f and h run them beside the broker's statements: what
+-- they reach against the bare INSERT and pgmq is the most any SEND or dialog could reach on
+-- the machine. Blocks headed "-- name --", as in airflow_broker/sql/queries.
+
+-- send --
+-- SEND of one message on an open local conversation: the sender's endpoint locked and its
+-- sequence number advanced, the peer's queue found, the message stored with the indexes
+-- RECEIVE reads it by.
+WITH sender AS (
+    UPDATE broker.endpoints SET send_sequence = send_sequence + 1
+     WHERE conversation_handle = %(handle)s
+    RETURNING far_handle, send_sequence - 1 AS sequence, service_contract_id, priority
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT s.service_queue_id, sender.priority, peer.conversation_group_id,
+       peer.conversation_handle, sender.sequence, 2, peer.service_id,
+       sender.service_contract_id, t.message_type_id, %(body)s, gen_random_uuid(),
+       now() AT TIME ZONE 'UTC'
+  FROM sender
+  JOIN broker.endpoints peer ON peer.conversation_handle = sender.far_handle
+  JOIN broker.service_defs s ON s.service_id = peer.service_id
+  JOIN broker.message_types t ON t.name = %(message_type)s
+
+-- dialog_begin --
+-- BEGIN DIALOG and SEND of the request, delivered at once: both endpoints with their own
+-- conversation groups, and message 0 on the target's queue.
+WITH new AS (
+    SELECT i.service_id AS initiator_id, t.service_id AS target_id,
+           t.service_queue_id AS target_queue, c.service_contract_id, mt.message_type_id,
+           gen_random_uuid() AS initiator_handle, gen_random_uuid() AS target_handle,
+           gen_random_uuid() AS initiator_group, gen_random_uuid() AS target_group,
+           gen_random_uuid() AS conversation_id,
+           now() AT TIME ZONE 'UTC' AS now
+      FROM broker.service_defs i, broker.service_defs t, broker.contracts c,
+           broker.message_types mt
+     WHERE i.name = %(initiator)s AND t.name = %(target)s AND c.name = %(contract)s
+       AND mt.name = %(message_type)s
+), groups AS (
+    INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
+    SELECT initiator_group, initiator_id FROM new
+    UNION ALL SELECT target_group, target_id FROM new
+), sides AS (
+    INSERT INTO broker.endpoints (conversation_handle, conversation_id, is_initiator,
+                                  service_contract_id, conversation_group_id, service_id,
+                                  far_handle, far_service, lifetime, state, created_at,
+                                  send_sequence)
+    SELECT initiator_handle, conversation_id, true, service_contract_id, initiator_group,
+           initiator_id, target_handle, %(target)s, now + interval '2147483647 seconds', 'CO',
+           now, 1
+      FROM new
+    UNION ALL
+    SELECT target_handle, conversation_id, false, service_contract_id, target_group,
+           target_id, initiator_handle, %(initiator)s, now + interval '2147483647 seconds',
+           'CO', now, 0
+      FROM new
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
+       message_type_id, %(body)s, gen_random_uuid(), now
+  FROM new
+
+-- receive --
+-- RECEIVE TOP(n): the first conversation group among the queue's first ready messages (the
+-- window) that no other transaction holds, locked, and its first n messages in conversation
+-- order taken (n NULL: all of them). Run without sequential scans, as the broker's RECEIVE.
+WITH taken_group AS (
+    SELECT g.conversation_group_id
+      FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
+              FROM broker.queue_messages m
+             WHERE m.queue_id = (SELECT object_id FROM broker.queues WHERE name = %(queue)s)
+               AND m.status = 1
+             ORDER BY m.priority DESC, m.queuing_order
+             LIMIT %(window)s) m
+      JOIN broker.dialog_groups g ON g.conversation_group_id = m.conversation_group_id
+     ORDER BY m.priority DESC, m.queuing_order
+     LIMIT 1
+       FOR NO KEY UPDATE OF g SKIP LOCKED
+), taken AS (
+    SELECT m.queuing_order
+      FROM broker.queue_messages m
+     WHERE m.conversation_group_id = (SELECT conversation_group_id FROM taken_group)
+       AND m.status = 1
+     ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
+     LIMIT %(top)s
+)
+DELETE FROM broker.queue_messages m
+ USING taken
+ WHERE m.queuing_order = taken.queuing_order
+RETURNING m.conversation_handle, m.message_type_id, m.message_body
+
+-- dialog_reply_and_end --
+-- The target's SEND of the reply and its END CONVERSATION: its endpoint numbered and closed,
+-- the initiator's marked as ended by its peer, the reply and the EndDialog on the initiator's
+-- queue.
+WITH own AS (
+    UPDATE broker.endpoints
+       SET send_sequence = send_sequence + 2, end_dialog_sequence = send_sequence + 1,
+           state = 'CD'
+     WHERE conversation_handle = %(handle)s
+    RETURNING far_handle, send_sequence - 2 AS sequence, service_contract_id, priority
+), peer AS (
+    UPDATE broker.endpoints p SET state = 'DI'
+      FROM own
+     WHERE p.conversation_handle = own.far_handle
+    RETURNING p.conversation_handle, p.conversation_group_id, p.service_id, own.sequence,
+              own.service_contract_id, own.priority
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT s.service_queue_id, peer.priority, peer.conversation_group_id, peer.conversation_handle,
+       peer.sequence + x.n, 2, peer.service_id, peer.service_contract_id, x.type_id, x.body,
+       gen_random_uuid(), now() AT TIME ZONE 'UTC'
+  FROM peer
+  JOIN broker.service_defs s ON s.service_id = peer.service_id
+ CROSS JOIN (VALUES (0, (SELECT message_type_id FROM broker.message_types
+                          WHERE name = %(message_type)s), %(body)s::bytea),
+                    (1, 2, NULL::bytea)) AS x(n, type_id, body)
+
+-- dialog_end --
+-- The initiator's END CONVERSATION after the target's EndDialog: its endpoint and its
+-- conversation group removed.
+WITH gone AS (
+    DELETE FROM broker.endpoints WHERE conversation_handle = %(handle)s
+    RETURNING conversation_group_id
+)
+DELETE FROM broker.dialog_groups g
+ USING gone
+ WHERE g.conversation_group_id = gone.conversation_group_id
