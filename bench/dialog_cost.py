@@ -2,10 +2,12 @@
 
 Each step of scenario h runs ``--calls`` times in one process against one backend, plain and
 in pipelined transactions: BEGIN DIALOG + SEND + COMMIT; RECEIVE + SEND the reply + END +
-COMMIT; RECEIVE + END + COMMIT. For each, the wall time, the client's CPU (this process), the
-backend's and that of poison detection's side backend (from /proc: the server must run on
-this machine, as the embedded one does), per transaction. Then pgmq's request/reply over two
-queues the same way. Median of ``--repeat`` repetitions.
+COMMIT; RECEIVE + END + COMMIT. Then the same steps as the floor of scenario h runs them
+(bench/floors.sql: the least any design that keeps the dialog's state writes, without the
+broker's checks). For each, the wall time, the client's CPU (this process), the backend's and
+that of poison detection's side backend (from /proc: the server must run on this machine, as
+the embedded one does), per transaction. Then pgmq's request/reply over two queues the same
+way. Median of ``--repeat`` repetitions.
 
 Alone, one step after another, nothing waits for anything but the server: the numbers are the
 cost of each step, which h's three processes on two cores pay in CPU.
@@ -25,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from airflow_broker import END_DIALOG, Broker
 from bench import ours_setup, pgmq_peer
 from bench.harness import Options, database, durable, prepare_database
-from bench.ops import binary_body, json_body
+from bench.ops import ReceiveFloor, binary_body, floors, json_body, receive_floor
 from bench.ours_ops import MESSAGE_TYPE
 
 APPLICATION = "bench-dialog-cost"
@@ -140,6 +143,47 @@ def ours(dsn: str, admin: psycopg.Connection[tuple[object, ...]], catalog: ours_
     return costs
 
 
+def floor(dsn: str, admin: psycopg.Connection[tuple[object, ...]],
+          catalog: ours_setup.Catalog, calls: int) -> dict[str, Cost]:
+    """The same three steps as the floor of scenario h runs them (bench/floors.sql)."""
+    target, initiator = catalog.targets["dialog"], catalog.dialog_initiator
+    body = binary_body(100)
+    costs: dict[str, Cost] = {}
+    application = f"{APPLICATION}-{next(_clients)}"
+    begin_params = {"initiator": initiator.service, "target": target.service,
+                    "contract": ours_setup.CONTRACT, "message_type": MESSAGE_TYPE,
+                    "body": body}
+    with _reset(admin, initiator, target), \
+            psycopg.connect(dsn, application_name=application,
+                            options=f"{conninfo_to_dict(dsn).get('options') or ''} "
+                                    f"{ReceiveFloor.OPTIONS}") as conn:
+        def begin() -> None:
+            with conn.transaction():
+                conn.execute(floors()["dialog_begin"], begin_params)
+
+        def answer() -> None:
+            with conn.transaction():
+                requests = receive_floor(conn, target.queue, None)
+                if len(requests) != 1:
+                    raise RuntimeError(f"the answering step found {len(requests)} requests")
+                conn.execute(floors()["dialog_reply_and_end"],
+                             {"handle": requests[0][0], "message_type": MESSAGE_TYPE,
+                              "body": body})
+
+        def close() -> None:
+            with conn.transaction():
+                messages = receive_floor(conn, initiator.queue, None)
+                if len(messages) != 2:
+                    raise RuntimeError(f"the closing step found {len(messages)} messages")
+                conn.execute(floors()["dialog_end"], {"handle": messages[0][0]})
+
+        for name, step in (("BEGIN DIALOG + SEND + COMMIT", begin),
+                           ("RECEIVE + SEND reply + END + COMMIT", answer),
+                           ("RECEIVE + END + COMMIT", close)):
+            costs[name] = measure(admin, application, calls, step)
+    return costs
+
+
 def pgmq(dsn: str, admin: psycopg.Connection[tuple[object, ...]], calls: int) -> Cost:
     message = json_body(100)
     for queue in (REQUESTS, REPLIES):
@@ -195,6 +239,8 @@ def run(calls: int, repeat: int, dsn: str | None = None) -> dict[str, Cost]:
                     steps = ours(durable_dsn, admin, catalog, calls, pipeline)
                     for name, cost in steps.items():
                         rows.setdefault(name + how, []).append(cost)
+                for name, cost in floor(durable_dsn, admin, catalog, calls).items():
+                    rows.setdefault(f"{name}, the floor", []).append(cost)
                 rows.setdefault(PGMQ_STEP, []).append(pgmq(durable_dsn, admin, calls))
     return {name: _median(costs) for name, costs in rows.items()}
 

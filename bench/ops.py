@@ -130,7 +130,7 @@ class SendFloor(BareInsert):
 # The floor's RECEIVE looks for a free conversation group among the queue's first 16 ready
 # messages, then, when another reader holds all of those, further on (as the broker's RECEIVE
 # goes on past held groups).
-RECEIVE_WINDOWS = (16, 4096)
+RECEIVE_WINDOWS = (16, 256, 4096)
 
 
 def receive_floor(conn: Conn, queue: str, top: int | None) -> list[TupleRow]:
