@@ -146,7 +146,9 @@ def receive_floor(conn: Conn, queue: str, top: int | None) -> list[TupleRow]:
 class ReceiveFloor(BareInsert):
     """c's floor: RECEIVE TOP(batch) (floors.sql) and commit."""
 
-    OPTIONS = "-c enable_seqscan=off"
+    # Without JIT, as the broker's functions run (the disabled sequential scans raise the
+    # estimated costs past jit_above_cost).
+    OPTIONS = "-c enable_seqscan=off -c jit=off"
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, worker, params)

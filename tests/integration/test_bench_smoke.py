@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench import Options, PgmqUnavailable, dialog_cost, permission_cost, run
+from bench import Options, PgmqUnavailable, dialog_cost, jit_cost, permission_cost, run
 from bench.cross_db import far_database_name
 from bench.harness import SCENARIOS, Env
 from bench.spark_readers import drain, missing_requirements
@@ -124,17 +124,34 @@ def test_permission_cost_measures_before_and_after_side_by_side(bench_dsn: str) 
     assert left == []
 
 
-def test_dialog_cost_reports_each_step_plain_and_pipelined_and_pgmq(bench_dsn: str) -> None:
+def test_dialog_cost_reports_each_step_plain_pipelined_and_floor_and_pgmq(
+        bench_dsn: str) -> None:
     """bench.dialog_cost runs the three steps of a dialog (each checks that it found its work,
-    or the run fails) plain and pipelined, and pgmq's request/reply, and reports the time and
-    CPU of each; the test server runs on this machine, so the backends' CPU is there too."""
+    or the run fails) plain, pipelined and as their floor, and pgmq's request/reply, and
+    reports the time and CPU of each; the test server runs on this machine, so the backends'
+    CPU is there too."""
     costs = dialog_cost.run(calls=5, repeat=1, dsn=bench_dsn)
     steps = ["BEGIN DIALOG + SEND + COMMIT", "RECEIVE + SEND reply + END + COMMIT",
              "RECEIVE + END + COMMIT"]
-    assert list(costs) == [*steps, *(f"{s}, pipelined" for s in steps), dialog_cost.PGMQ_STEP]
+    assert list(costs) == [*steps, *(f"{s}, pipelined" for s in steps),
+                           *(f"{s}, the floor" for s in steps), dialog_cost.PGMQ_STEP]
     for name, cost in costs.items():
         assert cost.wall > 0 and cost.client >= 0, name
         assert cost.backend is not None and cost.backend >= 0, name
-        # Poison detection's side backend records the steps that receive, and only those.
-        receives = "RECEIVE" in name
+        # Poison detection's side backend records the steps that receive, and only those (the
+        # floor has no poison detection).
+        receives = "RECEIVE" in name and not name.endswith("the floor")
         assert (cost.side is not None) == receives, name
+
+
+def test_jit_cost_measures_send_and_receive_with_jit_on_and_off(bench_dsn: str) -> None:
+    """bench.jit_cost runs SEND and RECEIVE (each RECEIVE checks that it found the message a
+    SEND left) in sessions with JIT on and off, and says whether the server can JIT-compile
+    (the embedded one cannot)."""
+    with psycopg.connect(bench_dsn) as conn:
+        row = conn.execute("SELECT pg_jit_available()").fetchone()
+    available, medians = jit_cost.run(bench_dsn, calls=3, rounds=2)
+    assert row is not None and available is row[0]
+    assert set(medians) == {"on", "off"}
+    for setting, (send, receive) in medians.items():
+        assert send > 0 and receive > 0, setting
