@@ -27,16 +27,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import make_conninfo
 
 from airflow_broker import END_DIALOG, Broker
 from bench import ours_setup, pgmq_peer
 from bench.harness import Options, database, durable, prepare_database
-from bench.ops import ReceiveFloor, binary_body, floors, json_body, receive_floor
+from bench.ops import (
+    DialogFloorAnswer,
+    DialogFloorBegin,
+    DialogFloorClose,
+    Op,
+    OpFactory,
+    OpParams,
+    binary_body,
+    json_body,
+)
 from bench.ours_ops import MESSAGE_TYPE
 
 APPLICATION = "bench-dialog-cost"
 REQUESTS, REPLIES = "bench_cost_request", "bench_cost_reply"
+STEPS = ("BEGIN DIALOG + SEND + COMMIT", "RECEIVE + SEND reply + END + COMMIT",
+         "RECEIVE + END + COMMIT")
 PGMQ_STEP = "pgmq: send; read + delete + send; read + delete"
 TICK = os.sysconf("SC_CLK_TCK")
 # Each measured client gets an application name of its own: a closed one's backend may still
@@ -136,51 +147,35 @@ def ours(dsn: str, admin: psycopg.Connection[tuple[object, ...]], catalog: ours_
                 tx.end_conversation(messages[-1].conversation_handle)
 
         # Each step finds the work of the one before waiting: a step per dialog, in order.
-        for name, step in (("BEGIN DIALOG + SEND + COMMIT", begin),
-                           ("RECEIVE + SEND reply + END + COMMIT", answer),
-                           ("RECEIVE + END + COMMIT", close)):
+        for name, step in zip(STEPS, (begin, answer, close), strict=True):
             costs[name] = measure(admin, application, calls, step)
     return costs
 
 
 def floor(dsn: str, admin: psycopg.Connection[tuple[object, ...]],
           catalog: ours_setup.Catalog, calls: int) -> dict[str, Cost]:
-    """The same three steps as the floor of scenario h runs them (bench/floors.sql)."""
+    """The same three steps as the floor of scenario h runs them: its own ops
+    (bench/floors.sql), each on a connection of its own."""
     target, initiator = catalog.targets["dialog"], catalog.dialog_initiator
-    body = binary_body(100)
+    params = OpParams(target.queue, reply_queue=initiator.queue,
+                      dialog=(initiator.service, target.service, ours_setup.CONTRACT),
+                      message_type=MESSAGE_TYPE)
+    makers: tuple[OpFactory, ...] = (DialogFloorBegin, DialogFloorAnswer, DialogFloorClose)
     costs: dict[str, Cost] = {}
-    application = f"{APPLICATION}-{next(_clients)}"
-    begin_params = {"initiator": initiator.service, "target": target.service,
-                    "contract": ours_setup.CONTRACT, "message_type": MESSAGE_TYPE,
-                    "body": body}
-    with _reset(admin, initiator, target), \
-            psycopg.connect(dsn, application_name=application,
-                            options=f"{conninfo_to_dict(dsn).get('options') or ''} "
-                                    f"{ReceiveFloor.OPTIONS}") as conn:
-        def begin() -> None:
-            with conn.transaction():
-                conn.execute(floors()["dialog_begin"], begin_params)
+    with _reset(admin, initiator, target):
+        for name, make in zip(STEPS, makers, strict=True):
+            application = f"{APPLICATION}-{next(_clients)}"
+            op = make(make_conninfo(dsn, application_name=application), 0, params)
 
-        def answer() -> None:
-            with conn.transaction():
-                requests = receive_floor(conn, target.queue, None)
-                if len(requests) != 1:
-                    raise RuntimeError(f"the answering step found {len(requests)} requests")
-                conn.execute(floors()["dialog_reply_and_end"],
-                             {"handle": requests[0][0], "message_type": MESSAGE_TYPE,
-                              "body": body})
+            # Each step moves one dialog, or the run fails.
+            def step(op: Op = op, name: str = name) -> None:
+                if op() != 1:
+                    raise RuntimeError(f"the floor's step {name!r} found no dialog")
 
-        def close() -> None:
-            with conn.transaction():
-                messages = receive_floor(conn, initiator.queue, None)
-                if len(messages) != 2:
-                    raise RuntimeError(f"the closing step found {len(messages)} messages")
-                conn.execute(floors()["dialog_end"], {"handle": messages[0][0]})
-
-        for name, step in (("BEGIN DIALOG + SEND + COMMIT", begin),
-                           ("RECEIVE + SEND reply + END + COMMIT", answer),
-                           ("RECEIVE + END + COMMIT", close)):
-            costs[name] = measure(admin, application, calls, step)
+            try:
+                costs[name] = measure(admin, application, calls, step)
+            finally:
+                op.close()
     return costs
 
 

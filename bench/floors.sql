@@ -1,9 +1,10 @@
 -- The floors: the least any design that keeps Service Broker's dialog state writes for a
 -- step, in as few statements as PostgreSQL allows, on the broker's own tables and without any
 -- of its checks (permissions, states, contracts, validation, routes, the transmission queue,
--- poison detection, wake-ups). Scenarios f and h run them beside the broker's statements: what
--- they reach against the bare INSERT and pgmq is the most any SEND or dialog could reach on
--- the machine. Blocks headed "-- name --", as in airflow_broker/sql/queries.
+-- poison detection, wake-ups). Scenarios f, c and h and bench.dialog_cost run them beside the
+-- broker's statements: what they reach against the bare INSERT and pgmq is the most any SEND,
+-- RECEIVE or dialog could reach on the machine. Blocks headed "-- name --", as in
+-- airflow_broker/sql/queries.
 
 -- send --
 -- SEND of one message on an open local conversation: the sender's endpoint locked and its

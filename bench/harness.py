@@ -19,12 +19,11 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker import Broker
 from airflow_broker.migrations import install as install_broker
 from bench import pgmq_peer
-from bench.ops import BARE_TABLE, Conn, OpParams
+from bench.ops import BARE_TABLE, Conn, OpParams, with_settings
 from bench.ours_setup import Catalog, setup_catalog
 from bench.report import Scenario
 from bench.workers import LoadTask, Measurement, WorkerPool
@@ -173,9 +172,7 @@ def pool_size(options: Options) -> int:
 
 def durable(dsn: str) -> str:
     """The DSN with synchronous_commit forced on for every session the benchmark opens."""
-    params = conninfo_to_dict(dsn)
-    options = str(params.get("options") or "")
-    return make_conninfo(dsn, options=(options + " -c synchronous_commit=on").strip())
+    return with_settings(dsn, synchronous_commit="on")
 
 
 def prepare_database(dsn: str) -> str:

@@ -18,20 +18,14 @@ import time
 import uuid
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker import Broker
 from airflow_broker.migrations import install
 from bench import ours_setup
-from bench.ops import binary_body
+from bench.ops import binary_body, with_settings
 from bench.ours_ops import MESSAGE_TYPE
 
 SETTINGS = ("off", "on")
-
-
-def _with_jit(dsn: str, setting: str) -> str:
-    options = str(conninfo_to_dict(dsn).get("options") or "")
-    return make_conninfo(dsn, options=f"{options} -c jit={setting}".strip())
 
 
 def _per_call(broker: Broker, handle: uuid.UUID, queue: str, calls: int) -> tuple[float, float]:
@@ -67,7 +61,7 @@ def run(dsn: str, calls: int, rounds: int) -> tuple[bool, dict[str, tuple[float,
     for number in range(rounds):
         order = SETTINGS if number % 2 == 0 else SETTINGS[::-1]
         for setting in order:
-            with Broker(_with_jit(dsn, setting), max_connections=1) as broker:
+            with Broker(with_settings(dsn, jit=setting), max_connections=1) as broker:
                 _per_call(broker, handle, target.queue, 2)  # warm: statements prepared
                 samples[setting].append(_per_call(broker, handle, target.queue, calls))
             print(f"round {number + 1}/{rounds}, jit={setting}: SEND "

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -87,19 +87,40 @@ def json_body(size: int) -> str:
     return '{"p":"' + "x" * max(size - 8, 0) + '"}'
 
 
-class BareInsert:
-    """The physical limit: one 100-byte row into an index-free table, one commit."""
+def with_settings(dsn: str, **settings: str) -> str:
+    """The DSN with these settings added to its own options (``-c name=value``)."""
+    if not settings:
+        return dsn
+    options = str(conninfo_to_dict(dsn).get("options") or "")
+    extra = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    return make_conninfo(dsn, options=f"{options} {extra}".strip())
 
-    # Settings of the connection: the floors' readers plan as the broker's RECEIVE does.
-    OPTIONS = ""
+
+# The floors' readers plan as the broker's RECEIVE does: without sequential scans, and so
+# without JIT, as the broker's functions run (disabled scans raise the estimated costs past
+# jit_above_cost).
+FLOOR_READER_SETTINGS = {"enable_seqscan": "off", "jit": "off"}
+
+
+class _Connected:
+    """A load worker's connection, with ``SETTINGS`` added to the DSN's options, and its
+    body."""
+
+    SETTINGS: ClassVar[dict[str, str]] = {}
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        if self.OPTIONS:
-            # Added to the DSN's own options (durable commits).
-            options = str(conninfo_to_dict(dsn).get("options") or "")
-            dsn = make_conninfo(dsn, options=f"{options} {self.OPTIONS}".strip())
-        self.conn = psycopg.connect(dsn)
+        self.conn = psycopg.connect(with_settings(dsn, **self.SETTINGS))
         self.body = binary_body(params.body_size)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class BareInsert(_Connected):
+    """The physical limit: one 100-byte row into an index-free table, one commit."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
         self.query = f"INSERT INTO {BARE_TABLE} (payload) VALUES (%s)"
 
     def __call__(self) -> int:
@@ -107,11 +128,8 @@ class BareInsert:
             self.conn.execute(self.query, [self.body])
         return 1
 
-    def close(self) -> None:
-        self.conn.close()
 
-
-class SendFloor(BareInsert):
+class SendFloor(_Connected):
     """The floor of a SEND: what any SEND on an open local conversation writes, in one
     statement without the broker's checks (floors.sql), on this worker's own conversation, as
     SendOne does."""
@@ -143,12 +161,10 @@ def receive_floor(conn: Conn, queue: str, top: int | None) -> list[TupleRow]:
     return []
 
 
-class ReceiveFloor(BareInsert):
+class ReceiveFloor(_Connected):
     """c's floor: RECEIVE TOP(batch) (floors.sql) and commit."""
 
-    # Without JIT, as the broker's functions run (the disabled sequential scans raise the
-    # estimated costs past jit_above_cost).
-    OPTIONS = "-c enable_seqscan=off -c jit=off"
+    SETTINGS = FLOOR_READER_SETTINGS
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, worker, params)
@@ -159,7 +175,7 @@ class ReceiveFloor(BareInsert):
             return len(receive_floor(self.conn, self.queue, self.top))
 
 
-class DialogFloorBegin(BareInsert):
+class DialogFloorBegin(_Connected):
     """h's floor, the initiator: BEGIN DIALOG and SEND the request (floors.sql), one
     transaction per dialog."""
 
@@ -175,12 +191,12 @@ class DialogFloorBegin(BareInsert):
         return 1
 
 
-class _DialogFloorReader(BareInsert):
+class _DialogFloorReader(_Connected):
     """Takes the messages of one conversation group of ``queue`` (floors.sql) and acts on them
     in the same transaction; polls every millisecond while there are none, up to ``wait``
     seconds, as pgmq's readers poll."""
 
-    OPTIONS = ReceiveFloor.OPTIONS
+    SETTINGS = FLOOR_READER_SETTINGS
 
     def __init__(self, dsn: str, worker: int, params: OpParams, queue: str) -> None:
         super().__init__(dsn, worker, params)

@@ -19,13 +19,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker import Broker
 from airflow_broker.queries import Queries
 from bench import ours_setup, pgmq_peer
 from bench.harness import Options, database, durable, prepare_database
-from bench.ops import BARE_TABLE, Conn, binary_body, json_body
+from bench.ops import BARE_TABLE, Conn, binary_body, json_body, with_settings
 from bench.ours_ops import MESSAGE_TYPE
 from bench.ours_setup import Catalog, Target
 from bench.statements import Statement, engine_statements
@@ -35,12 +34,6 @@ EXPLAIN_RUNS = 20
 
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-def with_settings(dsn: str, **settings: str) -> str:
-    options = str(conninfo_to_dict(dsn).get("options") or "")
-    extra = " ".join(f"-c {name}={value}" for name, value in settings.items())
-    return make_conninfo(dsn, options=f"{options} {extra}".strip())
 
 
 def _function_times(admin: Conn) -> list[tuple[str, int, float, float]]:
