@@ -55,7 +55,7 @@ def scaling(env: Env) -> Scenario:
         contenders += receive_contenders(
             env, "recv1", 1, 3_000, 500_000, workers,
             [("read", "pgmq read+delete", "pgmq.read_delete")],
-            (("receive", "RECEIVE", "ours.receive"),),
+            (("receive", "ours RECEIVE", "ours.receive"),),
         )
     env.progress(f"l: {len(contenders)} measurements per round, at {counts} workers")
     rates = alternate(env, "l", contenders)

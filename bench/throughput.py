@@ -139,10 +139,10 @@ def send_batch(env: Env) -> Scenario:
 def receive_contenders(
     env: Env, target_name: str, top: int, fill_per_second: int, cap: int, workers: int,
     peers: list[tuple[str, str, str]],
-    ours: tuple[tuple[str, str, str], ...] = (("ours", "RECEIVE", "ours.receive"),),
+    ours: tuple[tuple[str, str, str], ...] = (("ours", "ours RECEIVE", "ours.receive"),),
 ) -> list[Contender]:
-    """Each of our RECEIVE TOP(top) ops and each peer op, with queues pre-filled before every
-    measurement."""
+    """Each RECEIVE TOP(top) op on our tables (``ours``: key, label, op) and each peer op,
+    with queues pre-filled before every measurement."""
     target = env.catalog.targets[target_name]
     seconds = env.options.seconds
     fills: dict[str, Fill] = {}
@@ -170,7 +170,7 @@ def receive_contenders(
 
     who = f"{workers} reader{'s' if workers > 1 else ''}"
     contenders = [Contender(
-        f"{key}{workers}", f"ours {label} TOP({top}), {who}", op, workers,
+        f"{key}{workers}", f"{label} TOP({top}), {who}", op, workers,
         OpParams(target.queue, batch=top), functools.partial(ours_ready, key),
         _after(fill_for(key), seconds),
     ) for key, label, op in ours]
@@ -192,8 +192,8 @@ def _after(fill: Fill, seconds: float) -> Callable[[Measurement], None]:
 def receive_one(env: Env) -> Scenario:
     """c: RECEIVE TOP(1) + commit vs pgmq read+delete and vs pgmq.pop, 1 and 2 readers."""
     peers = [("read", "pgmq read+delete", "pgmq.read_delete"), ("pop", "pgmq.pop", "pgmq.pop")]
-    ours = (("ours", "RECEIVE", "ours.receive"),
-            ("auto", "autocommit RECEIVE", "ours.receive_autocommit"),
+    ours = (("ours", "ours RECEIVE", "ours.receive"),
+            ("auto", "ours autocommit RECEIVE", "ours.receive_autocommit"),
             ("floor", "the floor of RECEIVE", "bare.receive_floor"))
     contenders = []
     for workers in (1, 2):
