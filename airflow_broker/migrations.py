@@ -93,8 +93,8 @@ def install(dsn: str, schema: str = DEFAULT_SCHEMA, *, up_to: str | None = None,
                     return report
             changed = False
             for file in functions():
-                # The last file sets every function's security, which CREATE OR REPLACE of
-                # any other resets.
+                # The last file sets every function's security and settings, which CREATE
+                # OR REPLACE of any other resets.
                 last = file.name == PRIVILEGES
                 if done.get(file.name) != file.checksum or (last and changed):
                     apply_file(conn, queries, file)

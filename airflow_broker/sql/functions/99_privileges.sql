@@ -1,5 +1,6 @@
--- Who may call what. Applied after every other file of this folder (install() applies it
--- again whenever one of them changes, since CREATE OR REPLACE resets a function's security).
+-- Who may call what, and the settings every function runs with (no JIT). Applied after every
+-- other file of this folder (install() applies it again whenever one of them changes, since
+-- CREATE OR REPLACE resets a function's security and settings).
 --
 -- Every function runs with the rights of the broker schema's owner: application roles hold
 -- no right on the tables, so the functions' own permission checks (08_permissions.sql) are
