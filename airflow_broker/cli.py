@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     connection_options(worker)
     worker.add_argument("--once", action="store_true", help="one pass, then exit")
     worker.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
-    worker.add_argument("--batch-size", type=int, default=1000, help="rows per transaction")
+    worker.add_argument("--batch-size", type=int, default=1000,
+                        help="rows per transaction (a transport step grows to 8 times this "
+                             "while a backlog lasts)")
     worker.add_argument("--activation-target", action="append", metavar="PATTERN",
                         help="an activation procedure this worker may start, e.g. "
                              "'trading.readers:*' (repeat for more; default: "

@@ -103,6 +103,17 @@ class StepResult:
     acknowledged: int = 0
     refused: int = 0
     held: int = 0
+    # The bodies of what was sent, in bytes.
+    body_bytes: int = 0
+
+
+# A backlog is delivered in growing steps: each full step doubles the next one, up to this many
+# times the batch size, while the bodies of the full step came to less than GROWTH_BYTES (so a
+# step of large bodies never grows past about twice that). Every step reads past the rows the
+# earlier ones removed, until VACUUM takes them away: with a backlog, steps of 1,000 spent more
+# on that than on the messages, and fell further behind the more there was to deliver.
+MAX_GROWTH = 8
+GROWTH_BYTES = 16 * 1024 * 1024
 
 
 class Transport:
@@ -127,13 +138,15 @@ class Transport:
         self._identity = broker.queries["broker_instance_text"]
         self._apply = broker.queries["apply_transmission_outcomes"]
 
-    def step(self) -> StepResult:
-        """One batch: send what is due and apply the answers. Returns what happened."""
+    def step(self, size: int | None = None) -> StepResult:
+        """One batch of up to ``size`` messages (the batch size by default): send what is due
+        and apply the answers. Returns what happened."""
         result = StepResult()
         with self._lock, self.broker.pool.connection() as conn, conn.transaction():
-            rows = conn.execute(self._outbound, [self.batch_size]).fetchall()
+            rows = conn.execute(self._outbound, [size or self.batch_size]).fetchall()
             if not rows:
                 return result
+            result.body_bytes = sum(len(row[13]) for row in rows if row[13] is not None)
             identity = conn.execute(self._identity).fetchone()
             assert identity is not None
             me = str(identity[0])
@@ -173,18 +186,23 @@ class Transport:
 
     def run_until_idle(self, limit: int = 1000,
                        should_stop: Callable[[], bool] | None = None) -> StepResult:
-        """Steps until nothing is due, ``limit`` steps have run or ``should_stop()``."""
+        """Steps until nothing is due, ``limit`` steps have run or ``should_stop()``; each
+        full step makes the next one larger (MAX_GROWTH, GROWTH_BYTES)."""
         total = StepResult()
+        size = self.batch_size
         for _ in range(limit):
             if should_stop is not None and should_stop():
                 break
-            r = self.step()
+            r = self.step(size)
             total.sent += r.sent
             total.acknowledged += r.acknowledged
             total.refused += r.refused
             total.held += r.held
-            if r.sent < self.batch_size or r.held:
+            total.body_bytes += r.body_bytes
+            if r.sent < size or r.held:
                 break
+            if r.body_bytes < GROWTH_BYTES:
+                size = min(2 * size, MAX_GROWTH * self.batch_size)
         return total
 
     def _connection(self, address: str) -> tuple[FarBroker, psycopg.Connection[TupleRow]]:

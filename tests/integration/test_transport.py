@@ -11,6 +11,8 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker, BrokerError
+from airflow_broker.worker import transport
+from airflow_broker.worker.transport import Transport
 from tests.support import roles
 from tests.support.brokers import (
     FaultyTransport,
@@ -752,3 +754,27 @@ def test_a_sender_routes_messages_without_reading_route_addresses(pair: Pair) ->
         assert [w[:3] for w in tq(pair.a)] == [("T", "I", "C")]
         assert pair.ta.step().acknowledged == 1
         assert [m.text() for m in receive_all(pair.b, "q_t")] == ["<order id='1'/>"]
+
+
+def test_a_backlog_is_delivered_in_growing_steps_unless_its_bodies_are_large(
+        pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    pair.routes()
+    h = pair.dialog()
+    with pair.a.transaction() as tx:
+        tx.send_many(h, "Req", [f"<m n='{n}'/>" for n in range(150)])
+    stepper = Transport(pair.a, batch_size=10)
+    pair.transports.append(stepper)
+    # Steps of 10, 20, 40 and 80 messages: the whole backlog in four (steps of 10 only: 40).
+    assert stepper.run_until_idle(limit=4).sent == 150
+    assert tq(pair.a) == []
+    assert [m.text() for m in receive_all(pair.b, "q_t")] == [
+        f"<m n='{n}'/>" for n in range(150)]
+
+    # A full step whose bodies reach GROWTH_BYTES does not make the next one larger.
+    monkeypatch.setattr(transport, "GROWTH_BYTES", 100)
+    with pair.a.transaction() as tx:
+        tx.send_many(h, "Req", [f"<m n='{n}'/>" for n in range(150, 180)])
+    assert stepper.run_until_idle(limit=2).sent == 20
+    assert stepper.run_until_idle().sent == 10
+    assert [m.text() for m in receive_all(pair.b, "q_t")] == [
+        f"<m n='{n}'/>" for n in range(150, 180)]
