@@ -42,11 +42,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from airflow_broker import Broker
 from airflow_broker.migrations import install as install_broker
 from airflow_broker.worker import BrokerWorker
-from airflow_broker.worker.transport import address_of
+from airflow_broker.worker.transport import GROWTH_BYTES, MAX_GROWTH, address_of
 from bench import ours_setup
 from bench.harness import Env
 from bench.latency import samples
-from bench.ops import OpParams
+from bench.ops import FLOOR_READER_SETTINGS, OpParams, floors, with_settings
 from bench.ours_ops import MESSAGE_TYPE
 from bench.report import Row, Scenario, Target, median, percentile
 from bench.rounds import Contender, alternate, time_budget
@@ -58,6 +58,10 @@ LOCAL_SERVICE, LOCAL_QUEUE = "Bench_k_local", "bench_k_local"
 ROUTE_TO_FAR, ROUTE_BACK = "bench_to_far", "bench_to_initiator"
 PEER_LABEL = "the same within one database (local delivery)"
 PRODUCER, READER = 0, 1
+# The first step of a transport (the broker worker's default batch size).
+BATCH = 1000
+# k1's contenders, as the note lists them.
+KEYS = ("across1", "local1", "across100", "local100", "floor_across100", "floor_local100")
 TOP = 100
 # Batches between two brokers at least 0.8x the same within one.
 BATCH_TARGET = Target("ratio_at_least", 0.8, ">= 0.8x local delivery")
@@ -88,6 +92,59 @@ def far_database_name(dsn: str) -> str:
     return base.encode()[:63 - len(suffix)].decode(errors="ignore") + suffix
 
 
+class FloorTransport:
+    """k's floor of the transport, in a thread of this process as A's broker worker runs: what
+    any store-and-forward delivery between two databases does at least (floors.sql). It reads
+    a batch of due messages in A, stores them on B's queue in one transaction of B's, then
+    removes them from A's transmission queue; it polls every millisecond while nothing is due.
+    No routes, states, checks, acknowledgement messages or retry times. Its steps grow with a
+    backlog as the broker's transport's do (airflow_broker.worker.transport)."""
+
+    def __init__(self, sender_dsn: str, receiver_dsn: str) -> None:
+        self.dsns = (with_settings(sender_dsn, **FLOOR_READER_SETTINGS),
+                     with_settings(receiver_dsn, **FLOOR_READER_SETTINGS))
+        self.stopping = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="bench-k-floor-transport",
+                                       daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=60)
+        if self.thread.is_alive():
+            raise RuntimeError("k: the floor's transport did not stop within 60 s")
+        if self.failure is not None:
+            raise RuntimeError(f"k: the floor's transport failed: {self.failure}")
+
+    def _run(self) -> None:
+        blocks = floors()
+        try:
+            with psycopg.connect(self.dsns[0], autocommit=True) as sender, \
+                    psycopg.connect(self.dsns[1]) as receiver:
+                size = BATCH
+                while not self.stopping.is_set():
+                    rows = sender.execute(blocks["transmit_take"], {"limit": size}).fetchall()
+                    if not rows:
+                        self.stopping.wait(0.001)
+                        continue
+                    ids, conversations, initiators, seqs, types, bodies = (
+                        list(column) for column in zip(*rows, strict=True))
+                    with receiver.transaction():
+                        receiver.execute(blocks["transmit_accept"], {
+                            "conversation_ids": conversations, "from_initiator": initiators,
+                            "seqs": seqs, "types": types, "bodies": bodies})
+                    sender.execute(blocks["transmit_acknowledged"], {"ids": ids})
+                    if len(rows) < size:
+                        size = BATCH
+                    elif sum(len(body) for body in bodies if body is not None) < GROWTH_BYTES:
+                        size = min(2 * size, MAX_GROWTH * BATCH)
+        except BaseException as exc:  # reported by stop()
+            self.failure = exc
+
+
 @dataclass
 class Brokers:
     """Both sides of k, and the broker worker of A while one runs."""
@@ -101,6 +158,7 @@ class Brokers:
     worker: BrokerWorker | None = None
     thread: threading.Thread | None = None
     worker_broker: Broker | None = None
+    floor_transport: FloorTransport | None = None
 
     def far_connection(self) -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(self.far_dsn, autocommit=True)
@@ -115,9 +173,22 @@ class Brokers:
         thread.start()
         self.worker, self.thread, self.worker_broker = worker, thread, broker
 
+    def start_floor_transport(self) -> None:
+        """The floor's transport instead of A's broker worker."""
+        self.stop_worker()
+        self.floor_transport = FloorTransport(self.env.dsn, self.far_dsn)
+        self.floor_transport.start()
+
     def stop_worker(self) -> None:
-        """Stops A's broker worker; what it has not delivered to B is dropped: its transport
-        stops only once nothing is due (it goes on while its batches are full)."""
+        """Stops A's broker worker, or the floor's transport; what it has not delivered to B
+        is dropped: the worker's transport stops only once nothing is due (it goes on while
+        its batches are full)."""
+        if self.floor_transport is not None:
+            floor, self.floor_transport = self.floor_transport, None
+            floor.stop()
+            with self.env.transaction() as conn:
+                conn.execute(f"DELETE FROM broker.transmissions WHERE {_OURS_IN_FLIGHT}",
+                             [FAR_SERVICE])
         if self.worker is not None:
             self.worker.stop()
             with self.env.transaction() as conn:
@@ -279,11 +350,14 @@ def _throughput(env: Env, brokers: Brokers) -> tuple[list[Row], str]:
         return (measured.results[READER].messages / measured.elapsed
                 if measured.elapsed > 0 else 0.0)
 
-    def add(key: str, side: str, op: str, label: str) -> None:
+    def add(key: str, side: str, ops: tuple[str, str], label: str,
+            floor: bool = False) -> None:
         across = side == "across"
 
         def prepare() -> int:
             handle = brokers.fresh_dialog(side)
+            if floor and across:
+                brokers.start_floor_transport()
             contender.params = replace(contender.params, handles=(str(handle),))
             return budget
 
@@ -308,9 +382,10 @@ def _throughput(env: Env, brokers: Brokers) -> tuple[list[Row], str]:
             )
 
         contender = Contender(
-            key, label, (op, "ours.receive_wait"), 2,
+            key, label, ops, 2,
             # batch: the reader's TOP, and the messages of one send_many.
-            OpParams(FAR_QUEUE if across else LOCAL_QUEUE, batch=TOP, wait=wait),
+            OpParams(FAR_QUEUE if across else LOCAL_QUEUE, batch=TOP, wait=wait,
+                     message_type=MESSAGE_TYPE),
             prepare, after, received,
             dsns=(env.dsn, brokers.far_dsn if across else env.dsn), warmups=(10, 0),
             before_go=before_go,
@@ -319,8 +394,14 @@ def _throughput(env: Env, brokers: Brokers) -> tuple[list[Row], str]:
 
     for batch, op, what in ((1, "ours.send", "1 msg/tx"), (TOP, "ours.send_batch", "100/tx")):
         for side in SIDES:
-            add(f"{side}{batch}", side, op,
+            add(f"{side}{batch}", side, (op, "ours.receive_wait"),
                 f"SEND {what}, {'A to B' if side == 'across' else 'within A'}")
+    # The floor of each side (floors.sql): what any design moves with the same producer,
+    # transport and reader, none of them checking anything.
+    for side in SIDES:
+        add(f"floor_{side}{TOP}", side, ("bare.send_floor_batch", "bare.receive_floor_wait"),
+            f"the floor of SEND 100/tx, {'A to B' if side == 'across' else 'within A'}",
+            floor=True)
     rates = alternate(env, "k1", contenders)
     rows = [
         Row(f"SEND {what} to RECEIVE TOP(100)+commit, received/s, 1 producer + 1 reader",
@@ -330,6 +411,20 @@ def _throughput(env: Env, brokers: Brokers) -> tuple[list[Row], str]:
             peer_rounds=rates[f"local{batch}"], ours_rounds=rates[f"across{batch}"])
         for batch, what in ((1, "1 msg/tx"), (TOP, "100 msg/tx (send_many)"))
     ]
+    rows += [
+        Row("the floor of SEND 100 msg/tx to RECEIVE TOP(100)+commit, received/s",
+            "msg/s", "the floor within one database", median(rates[f"floor_local{TOP}"]),
+            median(rates[f"floor_across{TOP}"]), target=BATCH_TARGET,
+            peer_rounds=rates[f"floor_local{TOP}"], ours_rounds=rates[f"floor_across{TOP}"]),
+        Row("SEND 100 msg/tx to RECEIVE TOP(100)+commit, A to B, received/s", "msg/s",
+            "the floor A to B", median(rates[f"floor_across{TOP}"]),
+            median(rates[f"across{TOP}"]),
+            peer_rounds=rates[f"floor_across{TOP}"], ours_rounds=rates[f"across{TOP}"]),
+        Row("SEND 100 msg/tx to RECEIVE TOP(100)+commit, within A, received/s", "msg/s",
+            "the floor within A", median(rates[f"floor_local{TOP}"]),
+            median(rates[f"local{TOP}"]),
+            peer_rounds=rates[f"floor_local{TOP}"], ours_rounds=rates[f"local{TOP}"]),
+    ]
 
     def sent_median(key: str) -> str:
         value = median(sent.get(key, []))
@@ -337,11 +432,10 @@ def _throughput(env: Env, brokers: Brokers) -> tuple[list[Row], str]:
 
     note = (
         "k1: ours = A to B through the transport, peer = within A. Sent per second (medians): "
-        + ", ".join(f"{key} {sent_median(key)}" for key in ("across1", "local1", "across100",
-                                                           "local100"))
+        + ", ".join(f"{key} {sent_median(key)}" for key in KEYS)
         + ". Sent but not received when a measurement ended, per round: "
         + "; ".join(f"{key} " + ", ".join(f"{n:,}" for n in left.get(key, []))
-                    for key in ("across1", "local1", "across100", "local100"))
+                    for key in KEYS)
         + "."
     )
     return rows, note

@@ -138,3 +138,102 @@ WITH gone AS (
 DELETE FROM broker.dialog_groups g
  USING gone
  WHERE g.conversation_group_id = gone.conversation_group_id
+
+-- send_batch --
+-- send_many of a batch of messages on an open local conversation: as "send", with the messages
+-- stored by one INSERT.
+WITH sender AS (
+    UPDATE broker.endpoints SET send_sequence = send_sequence + %(count)s
+     WHERE conversation_handle = %(handle)s
+    RETURNING far_handle, send_sequence - %(count)s AS first, service_contract_id, priority
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT s.service_queue_id, sender.priority, peer.conversation_group_id,
+       peer.conversation_handle, sender.first + b.ord - 1, 2, peer.service_id,
+       sender.service_contract_id, t.message_type_id, b.body, gen_random_uuid(),
+       now() AT TIME ZONE 'UTC'
+  FROM sender
+  JOIN broker.endpoints peer ON peer.conversation_handle = sender.far_handle
+  JOIN broker.service_defs s ON s.service_id = peer.service_id
+  JOIN broker.message_types t ON t.name = %(message_type)s
+ CROSS JOIN unnest(%(bodies)s::bytea[]) WITH ORDINALITY AS b(body, ord)
+
+-- send_batch_remote --
+-- send_many of a batch of messages on a conversation with a service of another broker: the
+-- sender's endpoint numbered and the messages stored in the transmission queue, due at once.
+-- A SEND cannot write into another database in its own transaction; what it sends there must
+-- be kept here until the far broker has it.
+WITH sender AS (
+    UPDATE broker.endpoints SET send_sequence = send_sequence + %(count)s
+     WHERE conversation_handle = %(handle)s
+    RETURNING conversation_handle, service_id, far_service, service_contract_id, priority,
+              send_sequence - %(count)s AS first
+)
+INSERT INTO broker.transmissions (conversation_handle, to_service_name, from_service_name,
+                                  service_contract_name, enqueue_time,
+                                  message_sequence_number, message_type_id, message_body,
+                                  priority, message_id, next_attempt_at)
+SELECT sender.conversation_handle, sender.far_service, s.name, c.name,
+       now() AT TIME ZONE 'UTC', sender.first + b.ord - 1, t.message_type_id, b.body,
+       sender.priority, gen_random_uuid(), now() AT TIME ZONE 'UTC'
+  FROM sender
+  JOIN broker.service_defs s ON s.service_id = sender.service_id
+  JOIN broker.contracts c ON c.service_contract_id = sender.service_contract_id
+  JOIN broker.message_types t ON t.name = %(message_type)s
+ CROSS JOIN unnest(%(bodies)s::bytea[]) WITH ORDINALITY AS b(body, ord)
+
+-- transmit_take --
+-- The transport's read in the sending broker: a batch of the messages due, in the order they
+-- became due, with what the far broker finds their endpoint by.
+SELECT t.transmission_id, ce.conversation_id, ce.is_initiator, t.message_sequence_number,
+       mt.name, t.message_body
+  FROM broker.transmissions t
+  JOIN broker.endpoints ce ON ce.conversation_handle = t.conversation_handle
+  JOIN broker.message_types mt ON mt.message_type_id = t.message_type_id
+ WHERE t.next_attempt_at <= now() AT TIME ZONE 'UTC'
+ ORDER BY t.next_attempt_at, t.transmission_id
+ LIMIT %(limit)s
+
+-- transmit_accept --
+-- The transport's write in the receiving broker, one transaction: each conversation's
+-- endpoint locked and its next expected sequence number advanced, and the messages it had not
+-- yet received stored on its queue (a batch sent again after a lost acknowledgement adds
+-- nothing).
+WITH arrived AS (
+    SELECT * FROM unnest(%(conversation_ids)s::uuid[], %(from_initiator)s::boolean[],
+                         %(seqs)s::bigint[], %(types)s::text[], %(bodies)s::bytea[])
+                  AS a(conversation_id, from_initiator, seq, type_name, body)
+), receiver AS (
+    SELECT e.conversation_handle, e.conversation_id, e.is_initiator, e.conversation_group_id,
+           e.service_id, e.service_contract_id, e.priority, e.inbound_sequence, a.last
+      FROM (SELECT conversation_id, from_initiator, max(seq) AS last
+              FROM arrived GROUP BY conversation_id, from_initiator) a
+      JOIN broker.endpoints e ON e.conversation_id = a.conversation_id
+                             AND e.is_initiator = NOT a.from_initiator
+       FOR NO KEY UPDATE OF e
+), advanced AS (
+    UPDATE broker.endpoints e SET inbound_sequence = r.last + 1
+      FROM receiver r
+     WHERE e.conversation_handle = r.conversation_handle AND r.inbound_sequence <= r.last
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT s.service_queue_id, r.priority, r.conversation_group_id, r.conversation_handle, a.seq,
+       2, r.service_id, r.service_contract_id, t.message_type_id, a.body, gen_random_uuid(),
+       now() AT TIME ZONE 'UTC'
+  FROM arrived a
+  JOIN receiver r ON r.conversation_id = a.conversation_id
+                 AND r.is_initiator = NOT a.from_initiator
+  JOIN broker.service_defs s ON s.service_id = r.service_id
+  JOIN broker.message_types t ON t.name = a.type_name
+ WHERE a.seq >= r.inbound_sequence
+
+-- transmit_acknowledged --
+-- The transport's last write in the sending broker, after the far broker's commit: what
+-- arrived there leaves the transmission queue.
+DELETE FROM broker.transmissions WHERE transmission_id = ANY (%(ids)s::bigint[])

@@ -145,6 +145,31 @@ class SendFloor(_Connected):
         return 1
 
 
+class SendFloorBatch(_Connected):
+    """k's floor of a producer: send_many of ``batch`` messages (floors.sql) on this worker's
+    conversation, into the peer's queue or, for a service of another broker, into the
+    transmission queue."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        handle = params.handles[worker % len(params.handles)]
+        row = self.conn.execute("SELECT is_remote FROM broker.endpoints"
+                                " WHERE conversation_handle = %s", [handle]).fetchone()
+        self.conn.commit()
+        if row is None:
+            raise RuntimeError(f"no endpoint {handle}")
+        self.query = floors()["send_batch_remote" if row[0] else "send_batch"]
+        self.batch = params.batch
+        self.params = {"handle": handle, "count": self.batch,
+                       "bodies": [self.body] * self.batch,
+                       "message_type": params.message_type}
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            self.conn.execute(self.query, self.params)
+        return self.batch
+
+
 # The floor's RECEIVE looks for a free conversation group among the queue's first 16 ready
 # messages, then, when another reader holds all of those, further on (as the broker's RECEIVE
 # goes on past held groups).
@@ -173,6 +198,26 @@ class ReceiveFloor(_Connected):
     def __call__(self) -> int:
         with self.conn.transaction():
             return len(receive_floor(self.conn, self.queue, self.top))
+
+
+class ReceiveFloorWait(_Connected):
+    """k's floor of a reader: RECEIVE TOP(batch) (floors.sql) and commit, polling every
+    millisecond while the queue is empty, up to ``wait`` seconds (0 messages then)."""
+
+    SETTINGS = FLOOR_READER_SETTINGS
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        self.queue, self.top, self.wait = params.queue, params.batch, params.wait
+
+    def __call__(self) -> int:
+        deadline = time.monotonic() + self.wait
+        while True:
+            with self.conn.transaction():
+                taken = len(receive_floor(self.conn, self.queue, self.top))
+            if taken or time.monotonic() > deadline:
+                return taken
+            time.sleep(0.001)
 
 
 class DialogFloorBegin(_Connected):

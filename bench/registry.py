@@ -10,7 +10,9 @@ from bench.ops import (
     DialogFloorClose,
     OpFactory,
     ReceiveFloor,
+    ReceiveFloorWait,
     SendFloor,
+    SendFloorBatch,
     StepperFactory,
 )
 
@@ -34,6 +36,8 @@ LOAD_OPS: dict[str, OpFactory] = {
     "bare.insert": BareInsert,
     "bare.send_floor": SendFloor,
     "bare.receive_floor": ReceiveFloor,
+    "bare.send_floor_batch": SendFloorBatch,
+    "bare.receive_floor_wait": ReceiveFloorWait,
     "bare.dialog_begin": DialogFloorBegin,
     "bare.dialog_answer": DialogFloorAnswer,
     "bare.dialog_close": DialogFloorClose,

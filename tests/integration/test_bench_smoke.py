@@ -71,20 +71,28 @@ def test_quick_run_reports_every_scenario_for_ours_and_the_peer(bench_dsn: str) 
 
 def assert_delivery_between_brokers(k: dict[str, object], bench_dsn: str) -> None:
     """k reports throughput (one message per transaction and 100) and latency (p50, p99) for
-    both sides, across two databases and within one, and drops the database it created."""
+    both sides, across two databases and within one, the floor of both sides (its transport
+    delivered to B), and drops the database it created."""
     assert k["status"] == "measured", k
     rows = cast(list[dict[str, object]], k["rows"])
     names = [str(row["name"]) for row in rows]
-    assert len(rows) == 4, names
-    assert sum("received/s" in name for name in names) == 2, names
-    assert [name.rsplit(", ", 1)[-1] for name in names[2:]] == ["p50", "p99"], names
+    assert len(rows) == 7, names
+    assert sum("received/s" in name for name in names) == 5, names
+    assert [name.rsplit(", ", 1)[-1] for name in names[5:]] == ["p50", "p99"], names
+    floor = rows[2]
+    assert str(floor["name"]).startswith("the floor of SEND 100"), floor
+    assert floor["peer_label"] == "the floor within one database", floor
+    assert [row["peer_label"] for row in rows[3:5]] == ["the floor A to B",
+                                                        "the floor within A"], names
     for row in rows:
-        assert "one database" in str(row["peer_label"]), row
         for side in ("ours", "peer"):
             value = row[side]
             assert isinstance(value, int | float) and math.isfinite(value), (row, side)
-            if row["unit"] == "ms":
+            if row["unit"] == "ms" or row is floor:
+                # The floor's own transport moved messages from A to B.
                 assert value > 0, (row, side)
+    for row in rows[:2] + rows[5:]:
+        assert "one database" in str(row["peer_label"]), row
     with psycopg.connect(bench_dsn) as conn:
         left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
                             [far_database_name(bench_dsn)]).fetchone()
