@@ -13,8 +13,8 @@ import uuid
 
 import psycopg
 
-from airflow_broker import END_DIALOG, Broker
-from tests.support.brokers import App, Pair
+from airflow_broker import END_DIALOG, ERROR, Broker
+from tests.support.brokers import App, Pair, advance
 
 GROWING = ("endpoints", "dialog_groups", "queue_messages")
 
@@ -221,3 +221,25 @@ def test_transport_step_reads_about_what_it_sends(pair: Pair) -> None:
         batch = conn.execute(step, [10]).fetchall()
         assert batch == [(other, 0) for other in others[:10]]
         conn.rollback()
+
+
+def test_the_lifetime_sweep_reads_the_expired_endpoints_not_every_open_one(app: App) -> None:
+    # 2,000 open dialogs with the default lifetime and one of a minute, which the clock then
+    # passes: the worker's lifetime step ends that one and reads next to nothing else.
+    with app.broker.transaction() as tx:
+        for _ in range(2_000):
+            tx.begin_dialog("I", "T", "C")
+    short = app.dialog(lifetime=60)
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.endpoints")
+    advance(app.broker, 120)
+    with psycopg.connect(app.broker.dsn) as conn:
+        before = _rows_read(conn, "endpoints")
+        row = conn.execute("SELECT broker.expire_lifetimes(1000)").fetchone()
+        read = _rows_read(conn, "endpoints") - before
+        conn.commit()
+    assert row == (1,)
+    assert read < 100
+    with app.broker.transaction() as tx:
+        [error] = tx.receive("q_i")
+    assert (error.conversation_handle, error.message_type_name) == (short, ERROR)
