@@ -778,3 +778,31 @@ def test_a_backlog_is_delivered_in_growing_steps_unless_its_bodies_are_large(
     assert stepper.run_until_idle().sent == 10
     assert [m.text() for m in receive_all(pair.b, "q_t")] == [
         f"<m n='{n}'/>" for n in range(150, 180)]
+
+
+def test_acknowledging_an_in_order_run_looks_each_message_up_once(pair: Pair) -> None:
+    # The far broker's answers to 500 in-order messages of an acknowledged conversation take
+    # them out of the transmission queue in one statement, which finds each by its id (through
+    # the index, or with a hash join); a second lookup per message, each finding it gone, cost
+    # the sender more than the removal.
+    pair.routes()
+    h = pair.dialog()
+    send(pair, h, "first")
+    pair.pump()
+    with pair.a.transaction() as tx:
+        tx.send_many(h, "Req", [f"<m n='{n}'/>" for n in range(500)])
+    scans = ("SELECT idx_scan FROM pg_stat_xact_user_tables"
+             " WHERE schemaname = 'broker' AND relname = 'transmissions'")
+    with psycopg.connect(pair.a.dsn) as conn:
+        ids = [r[0] for r in conn.execute(
+            "SELECT transmission_id FROM broker.transmissions ORDER BY transmission_id")]
+        before = conn.execute(scans).fetchone()
+        acked = conn.execute(
+            "SELECT broker.apply_transmission_outcomes(%s, %s, %s, %s, %s, %s, %s)",
+            [ids, ["ack"] * 500, [None] * 500, [None] * 500, [None] * 500, [False] * 500,
+             str(pair.b.broker_instance)]).fetchone()
+        after = conn.execute(scans).fetchone()
+        conn.commit()
+    assert len(ids) == 500 and acked == (500,)
+    assert tq(pair.a) == []
+    assert before is not None and after is not None and after[0] - before[0] <= 500

@@ -491,6 +491,7 @@ DECLARE
     v_enabled boolean;
     v_back_service text;
     v_back text;
+    v_run_start integer := 0;
     v_run_end integer := 0;
     v_run_flag boolean;
     r record;
@@ -524,6 +525,7 @@ BEGIN
                              v_self, p_to_broker_instances[i]);
         ELSE
             IF i > v_run_end THEN
+                v_run_start := i;
                 r := accept_run(p_from_broker, p_conversation_ids, p_sender_is_initiator,
                                 p_flags, p_seqs, p_types, p_bodies, p_checked_as, p_xml_errors,
                                 i);
@@ -558,7 +560,8 @@ BEGIN
                     status := format('Delivered to broker %s, which cannot acknowledge it: it '
                                      'has no route back to service ''%s''.', v_self,
                                      v_back_service);
-                ELSE
+                ELSIF i = v_run_start OR i > v_run_end THEN
+                    -- Once per in-order run: nothing within a run changes the status.
                     UPDATE endpoints SET transmission_status = ''
                      WHERE conversation_id = p_conversation_ids[i]
                        AND is_initiator = NOT p_sender_is_initiator[i]
@@ -578,12 +581,16 @@ CREATE OR REPLACE FUNCTION apply_transmission_outcomes(
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     m record;
+    i integer;
+    v_rest integer[];
     v_held uuid;
     v_acked integer := 0;
     v_now timestamp := utc_now();
 BEGIN
     -- Acknowledged messages that are neither the first of their conversation nor its last
-    -- word go in one statement; the loop below sees only what may change an endpoint.
+    -- word go in one statement; the loop below sees only the rest (their positions in the
+    -- batch, in order), which may change an endpoint. Looking each removed one up again cost
+    -- more than the removal.
     WITH plain AS (
         SELECT x.id FROM unnest(p_ids, p_outcomes) AS x(id, outcome)
           JOIN transmissions t ON t.transmission_id = x.id
@@ -594,9 +601,16 @@ BEGIN
            AND (ce.message0_acked OR NOT ce.is_initiator)
            AND (ce.is_initiator OR ce.security_timestamp > '1900-01-01')
     )
-    DELETE FROM transmissions t USING plain WHERE t.transmission_id = plain.id;
-    GET DIAGNOSTICS v_acked = ROW_COUNT;
-    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+    , gone AS (
+        DELETE FROM transmissions t USING plain WHERE t.transmission_id = plain.id
+        RETURNING t.transmission_id
+    )
+    SELECT (SELECT count(*) FROM gone),
+           (SELECT array_agg(x.i ORDER BY x.i)
+              FROM unnest(p_ids) WITH ORDINALITY AS x(id, i)
+             WHERE x.id NOT IN (SELECT transmission_id FROM gone))
+      INTO v_acked, v_rest;
+    FOREACH i IN ARRAY coalesce(v_rest, '{}') LOOP
         SELECT t.transmission_id, t.conversation_handle, t.message_sequence_number,
                t.is_end_of_dialog, t.is_conversation_error, ce.state, ce.is_initiator,
                ce.far_broker_instance, ce.transmission_status, ce.message0_acked,
