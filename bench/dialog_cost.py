@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
 from airflow_broker import END_DIALOG, Broker
 from bench import ours_setup, pgmq_peer
+from bench.cpu import process_cpu
 from bench.harness import Options, database, durable, prepare_database
 from bench.ops import (
     DialogFloorAnswer,
@@ -49,7 +48,6 @@ REQUESTS, REPLIES = "bench_cost_request", "bench_cost_reply"
 STEPS = ("BEGIN DIALOG + SEND + COMMIT", "RECEIVE + SEND reply + END + COMMIT",
          "RECEIVE + END + COMMIT")
 PGMQ_STEP = "pgmq: send; read + delete + send; read + delete"
-TICK = os.sysconf("SC_CLK_TCK")
 # Each measured client gets an application name of its own: a closed one's backend may still
 # be listed while it exits.
 _clients = itertools.count(1)
@@ -57,15 +55,6 @@ _clients = itertools.count(1)
 
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User and system CPU of a process so far; None when it is not on this machine."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 @dataclass
@@ -92,7 +81,7 @@ def measure(admin: psycopg.Connection[tuple[object, ...]], application: str, cal
     pids = [_pid(admin, application), _pid(admin, f"{application}-side")]
 
     def used() -> list[float | None]:
-        return [None if pid is None else cpu_seconds(pid) for pid in pids]
+        return [None if pid is None else process_cpu(pid) for pid in pids]
 
     before, client, wall = used(), time.process_time(), time.perf_counter()
     for _ in range(calls):

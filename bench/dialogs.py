@@ -34,6 +34,7 @@ import statistics
 from collections.abc import Callable
 
 from bench import ours_setup, pgmq_peer
+from bench.cpu import machine_cpu
 from bench.harness import Env
 from bench.ops import OpParams
 from bench.ours_ops import MESSAGE_TYPE
@@ -83,6 +84,12 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
     # Per side, per round: what each of the three processes did per second.
     stages: dict[str, list[tuple[float, float, float]]] = {
         "ours": [], "piped": [], "floor": [], "pgmq": []}
+    # Per side, per round: this machine's CPU and the three clients' per completed dialog, µs.
+    cpu: dict[str, list[tuple[float, float]]] = {side: [] for side in stages}
+    cpu_at_start: list[float | None] = [None]
+
+    def cpu_start() -> None:
+        cpu_at_start[0] = machine_cpu()
 
     def ours_ready() -> int:
         with env.transaction() as conn:
@@ -98,6 +105,12 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
 
     def note_stages(side: str) -> Callable[[Measurement], None]:
         def after(measured: Measurement) -> None:
+            start, end = cpu_at_start[0], machine_cpu()
+            completed = measured.results[CLOSER].messages
+            if start is not None and end is not None and completed:
+                clients = sum(r.cpu for r in measured.results)
+                cpu[side].append(((end - start) / completed * 1e6,
+                                  clients / completed * 1e6))
             elapsed = measured.elapsed or 1.0
             rates = tuple(r.messages / elapsed for r in measured.results)
             stages[side].append((rates[0], rates[1], rates[2]))
@@ -114,7 +127,7 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
             OpParams(target.queue, reply_queue=initiator.queue,
                      dialog=(initiator.service, target.service, ours_setup.CONTRACT),
                      pipeline=pipeline),
-            ours_ready, note_stages(key), _completed, "dialogs/s")
+            ours_ready, note_stages(key), _completed, "dialogs/s", before_go=cpu_start)
 
     rates = alternate(env, "h", [
         ours("ours", "ours full dialog, 1 producer + 2 readers", False),
@@ -123,10 +136,12 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
                   OpParams(target.queue, reply_queue=initiator.queue,
                            dialog=(initiator.service, target.service, ours_setup.CONTRACT),
                            message_type=MESSAGE_TYPE),
-                  ours_ready, note_stages("floor"), _completed, "dialogs/s"),
+                  ours_ready, note_stages("floor"), _completed, "dialogs/s",
+                  before_go=cpu_start),
         Contender("pgmq", "pgmq request/reply, 1 producer + 2 readers", PGMQ_OPS, 3,
                   OpParams(REQUEST_QUEUE, reply_queue=REPLY_QUEUE),
-                  pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s"),
+                  pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s",
+                  before_go=cpu_start),
     ])
 
     def stage_medians(side: str) -> str:
@@ -136,7 +151,16 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
                                       for i in range(3))
         return f"{begun:,.0f} begun, {answered:,.0f} answered, {completed:,.0f} completed"
 
+    def cpu_medians(side: str) -> str:
+        if not cpu[side]:
+            return "-"
+        machine, clients = (statistics.median(c[i] for c in cpu[side]) for i in range(2))
+        return f"{machine:,.0f} µs ({clients:,.0f} µs in the three clients)"
+
     note = (
+        "This machine's CPU per completed dialog, medians over rounds: ours "
+        + cpu_medians("ours") + "; pipelined " + cpu_medians("piped") + "; the floor "
+        + cpu_medians("floor") + "; pgmq " + cpu_medians("pgmq") + ". "
         "Per second, medians over rounds: ours " + stage_medians("ours") + "; pipelined "
         + stage_medians("piped") + "; the floor " + stage_medians("floor") + "; pgmq "
         + stage_medians("pgmq") + ". Pipelined: each "
@@ -161,5 +185,10 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
             "the floor of a dialog (floors.sql), 1 producer + 2 readers", "dialogs/s",
             PEER_LABEL, median(rates["pgmq"]), median(rates["floor"]), target=goal,
             peer_rounds=rates["pgmq"], ours_rounds=rates["floor"],
-        )],
+        )] + [Row(
+            f"this machine's CPU per complete dialog{how}", "µs", PEER_LABEL,
+            median([c[0] for c in cpu["pgmq"]]), median([c[0] for c in cpu[key]]),
+            higher_is_better=False,
+            peer_rounds=[c[0] for c in cpu["pgmq"]], ours_rounds=[c[0] for c in cpu[key]],
+        ) for key, how in (("ours", ""), ("piped", ", pipelined"), ("floor", ", the floor"))],
     )

@@ -52,6 +52,8 @@ class LoadResult:
     rss_first_kib: int | None = None
     rss_end_kib: int | None = None
     rss_peak_kib: int | None = None
+    # The worker process's own CPU during the measurement, in seconds.
+    cpu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ def _run_load(pipe: Connection, task: LoadTask) -> bool:
         # arrived after the measurement and do not count.
         window_only = bool(getattr(op, "window_only", False))
         start = last = time.perf_counter()
+        cpu_start = time.process_time()
         deadline = start + task.seconds
         while transactions < task.max_ops and last < deadline:
             moved = op()
@@ -150,6 +153,7 @@ def _run_load(pipe: Connection, task: LoadTask) -> bool:
                 rss = _status_kib("VmRSS") or 0
                 rss_first = rss if transactions == 1 else rss_first
                 peak_sampled = max(peak_sampled, rss)
+        cpu = time.process_time() - cpu_start
         rss_end = _status_kib("VmRSS") if task.track_rss else None
         peak = max(peak_sampled, rss_end or 0, (_status_kib("VmHWM") or 0) if peak_resets else 0)
         result = LoadResult(
@@ -161,6 +165,7 @@ def _run_load(pipe: Connection, task: LoadTask) -> bool:
             rss_first_kib=rss_first,
             rss_end_kib=rss_end,
             rss_peak_kib=peak if task.track_rss else None,
+            cpu=cpu,
         )
         pipe.send(("done", result))
         return True
