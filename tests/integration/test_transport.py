@@ -36,6 +36,16 @@ def send(pair: Pair, handle: object, *bodies: str) -> None:
             tx.send(handle, "Req", body)  # type: ignore[arg-type]
 
 
+def delivered_dialog(pair: Pair, first: str) -> uuid.UUID:
+    """A dialog from A to B, routed both ways, whose first message has arrived and been
+    acknowledged."""
+    pair.routes()
+    h = pair.dialog()
+    send(pair, h, first)
+    pair.pump()
+    return h
+
+
 def tq(broker: Broker) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in rows(
         broker, f"SELECT {TQ_COLUMNS} FROM broker.transmission_queue"
@@ -83,10 +93,7 @@ def test_T_TX_01_message_waits_in_the_transmission_queue_until_acknowledged(pair
 
 
 def test_T_TX_01_a_reply_travels_back_on_the_return_route(pair: Pair) -> None:
-    pair.routes()
-    h = pair.dialog()
-    send(pair, h, "question")
-    pair.pump()
+    h = delivered_dialog(pair, "question")
     with pair.b.transaction() as tx:
         [m] = tx.receive("q_t")
         tx.send(m.conversation_handle, "Resp", "answer")
@@ -785,10 +792,7 @@ def test_acknowledging_an_in_order_run_looks_each_message_up_once(pair: Pair) ->
     # them out of the transmission queue in one statement, which finds each by its id (through
     # the index, or with a hash join); a second lookup per message, each finding it gone, cost
     # the sender more than the removal.
-    pair.routes()
-    h = pair.dialog()
-    send(pair, h, "first")
-    pair.pump()
+    h = delivered_dialog(pair, "first")
     with pair.a.transaction() as tx:
         tx.send_many(h, "Req", [f"<m n='{n}'/>" for n in range(500)])
     scans = ("SELECT idx_scan FROM pg_stat_xact_user_tables"
