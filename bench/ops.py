@@ -129,23 +129,33 @@ class BareInsert(_Connected):
         return 1
 
 
-class SendFloor(_Connected):
+class _FloorStatement(_Connected):
+    """One block of floors.sql, ``query`` with ``params``, in a transaction of its own that
+    moves ``moved`` messages."""
+
+    query: str
+    params: dict[str, object]
+    moved = 1
+
+    def __call__(self) -> int:
+        with self.conn.transaction():
+            self.conn.execute(self.query, self.params)
+        return self.moved
+
+
+class SendFloor(_FloorStatement):
     """The floor of a SEND: what any SEND on an open local conversation writes, in one
     statement without the broker's checks (floors.sql), on this worker's own conversation, as
     SendOne does."""
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, worker, params)
+        self.query = floors()["send"]
         self.params = {"handle": params.handles[worker % len(params.handles)],
                        "body": self.body, "message_type": params.message_type}
 
-    def __call__(self) -> int:
-        with self.conn.transaction():
-            self.conn.execute(floors()["send"], self.params)
-        return 1
 
-
-class SendFloorBatch(_Connected):
+class SendFloorBatch(_FloorStatement):
     """k's floor of a producer: send_many of ``batch`` messages (floors.sql) on this worker's
     conversation, into the peer's queue or, for a service of another broker, into the
     transmission queue."""
@@ -159,15 +169,10 @@ class SendFloorBatch(_Connected):
         if row is None:
             raise RuntimeError(f"no endpoint {handle}")
         self.query = floors()["send_batch_remote" if row[0] else "send_batch"]
-        self.batch = params.batch
-        self.params = {"handle": handle, "count": self.batch,
-                       "bodies": [self.body] * self.batch,
+        self.moved = params.batch
+        self.params = {"handle": handle, "count": params.batch,
+                       "bodies": [self.body] * params.batch,
                        "message_type": params.message_type}
-
-    def __call__(self) -> int:
-        with self.conn.transaction():
-            self.conn.execute(self.query, self.params)
-        return self.batch
 
 
 # The floor's RECEIVE looks for a free conversation group among the queue's first 16 ready
@@ -200,63 +205,41 @@ class ReceiveFloor(_Connected):
             return len(receive_floor(self.conn, self.queue, self.top))
 
 
-class ReceiveFloorWait(_Connected):
-    """k's floor of a reader: RECEIVE TOP(batch) (floors.sql) and commit, polling every
-    millisecond while the queue is empty, up to ``wait`` seconds (0 messages then)."""
-
-    SETTINGS = FLOOR_READER_SETTINGS
-
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, worker, params)
-        self.queue, self.top, self.wait = params.queue, params.batch, params.wait
-
-    def __call__(self) -> int:
-        deadline = time.monotonic() + self.wait
-        while True:
-            with self.conn.transaction():
-                taken = len(receive_floor(self.conn, self.queue, self.top))
-            if taken or time.monotonic() > deadline:
-                return taken
-            time.sleep(0.001)
-
-
-class DialogFloorBegin(_Connected):
+class DialogFloorBegin(_FloorStatement):
     """h's floor, the initiator: BEGIN DIALOG and SEND the request (floors.sql), one
     transaction per dialog."""
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, worker, params)
         initiator, target, contract = params.dialog
+        self.query = floors()["dialog_begin"]
         self.params = {"initiator": initiator, "target": target, "contract": contract,
                        "message_type": params.message_type, "body": self.body}
 
-    def __call__(self) -> int:
-        with self.conn.transaction():
-            self.conn.execute(floors()["dialog_begin"], self.params)
-        return 1
 
-
-class _DialogFloorReader(_Connected):
-    """Takes the messages of one conversation group of ``queue`` (floors.sql) and acts on them
-    in the same transaction; polls every millisecond while there are none, up to ``wait``
-    seconds, as pgmq's readers poll."""
+class _PollingFloorReader(_Connected):
+    """Takes up to ``top`` messages of one conversation group of ``queue`` (floors.sql; all of
+    them when None) and acts on them in the same transaction; polls every millisecond while
+    there are none, up to ``wait`` seconds, as pgmq's readers poll (0 messages then)."""
 
     SETTINGS = FLOOR_READER_SETTINGS
 
-    def __init__(self, dsn: str, worker: int, params: OpParams, queue: str) -> None:
+    def __init__(self, dsn: str, worker: int, params: OpParams, queue: str,
+                 top: int | None = None) -> None:
         super().__init__(dsn, worker, params)
-        self.queue = queue
+        self.queue, self.top = queue, top
         self.wait = params.wait
         self.message_type = params.message_type
 
     def act(self, taken: list[TupleRow]) -> int:
-        raise NotImplementedError
+        """What the transaction does with the messages; returns what it moved."""
+        return len(taken)
 
     def __call__(self) -> int:
         deadline = time.monotonic() + self.wait
         while True:
             with self.conn.transaction():
-                taken = receive_floor(self.conn, self.queue, None)
+                taken = receive_floor(self.conn, self.queue, self.top)
                 if taken:
                     return self.act(taken)
             if time.monotonic() > deadline:
@@ -264,7 +247,15 @@ class _DialogFloorReader(_Connected):
             time.sleep(0.001)
 
 
-class DialogFloorAnswer(_DialogFloorReader):
+class ReceiveFloorWait(_PollingFloorReader):
+    """k's floor of a reader: RECEIVE TOP(batch) (floors.sql) and commit, polling while the
+    queue is empty."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, params.queue, params.batch)
+
+
+class DialogFloorAnswer(_PollingFloorReader):
     """h's floor, the target reader: RECEIVE the request, SEND the reply and END, one
     transaction."""
 
@@ -279,7 +270,7 @@ class DialogFloorAnswer(_DialogFloorReader):
         return len(taken)
 
 
-class DialogFloorClose(_DialogFloorReader):
+class DialogFloorClose(_PollingFloorReader):
     """h's floor, the initiator-side reader: RECEIVE the reply and the EndDialog, END, one
     transaction; returns the dialogs completed."""
 
