@@ -42,7 +42,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from airflow_broker import Broker
 from airflow_broker.migrations import install as install_broker
 from airflow_broker.worker import BrokerWorker
-from airflow_broker.worker.transport import GROWTH_BYTES, MAX_GROWTH, address_of
+from airflow_broker.worker.transport import address_of, next_step_size
 from bench import ours_setup
 from bench.harness import Env
 from bench.latency import samples
@@ -137,10 +137,8 @@ class FloorTransport:
                             "conversation_ids": conversations, "from_initiator": initiators,
                             "seqs": seqs, "types": types, "bodies": bodies})
                     sender.execute(blocks["transmit_acknowledged"], {"ids": ids})
-                    if len(rows) < size:
-                        size = BATCH
-                    elif sum(len(body) for body in bodies if body is not None) < GROWTH_BYTES:
-                        size = min(2 * size, MAX_GROWTH * BATCH)
+                    size = next_step_size(size, BATCH, len(rows),
+                                          sum(len(body) for body in bodies if body is not None))
         except BaseException as exc:  # reported by stop()
             self.failure = exc
 
@@ -183,17 +181,16 @@ class Brokers:
         """Stops A's broker worker, or the floor's transport; what it has not delivered to B
         is dropped: the worker's transport stops only once nothing is due (it goes on while
         its batches are full)."""
-        if self.floor_transport is not None:
-            floor, self.floor_transport = self.floor_transport, None
+        floor, self.floor_transport = self.floor_transport, None
+        if floor is not None:
             floor.stop()
+        if self.worker is not None:
+            self.worker.stop()
+        if floor is not None or self.worker is not None:
             with self.env.transaction() as conn:
                 conn.execute(f"DELETE FROM broker.transmissions WHERE {_OURS_IN_FLIGHT}",
                              [FAR_SERVICE])
         if self.worker is not None:
-            self.worker.stop()
-            with self.env.transaction() as conn:
-                conn.execute(f"DELETE FROM broker.transmissions WHERE {_OURS_IN_FLIGHT}",
-                             [FAR_SERVICE])
             # Ends the transport thread's wait for a NOTIFY at once.
             self.nudge()
         if self.thread is not None:

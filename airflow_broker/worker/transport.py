@@ -116,6 +116,16 @@ MAX_GROWTH = 8
 GROWTH_BYTES = 16 * 1024 * 1024
 
 
+def next_step_size(size: int, batch_size: int, sent: int, body_bytes: int) -> int:
+    """The size of the step after one of ``size`` that sent ``sent`` messages with
+    ``body_bytes`` of bodies: back to the batch size after a step that was not full."""
+    if sent < size:
+        return batch_size
+    if body_bytes < GROWTH_BYTES:
+        return min(2 * size, MAX_GROWTH * batch_size)
+    return size
+
+
 class Transport:
     """Delivers this broker's transmission queue to far brokers; see the module docstring.
 
@@ -201,8 +211,7 @@ class Transport:
             total.body_bytes += r.body_bytes
             if r.sent < size or r.held:
                 break
-            if r.body_bytes < GROWTH_BYTES:
-                size = min(2 * size, MAX_GROWTH * self.batch_size)
+            size = next_step_size(size, self.batch_size, r.sent, r.body_bytes)
         return total
 
     def _connection(self, address: str) -> tuple[FarBroker, psycopg.Connection[TupleRow]]:
