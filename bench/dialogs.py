@@ -86,10 +86,11 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
         "ours": [], "piped": [], "floor": [], "pgmq": []}
     # Per side, per round: this machine's CPU and the three clients' per completed dialog, µs.
     cpu: dict[str, list[tuple[float, float]]] = {side: [] for side in stages}
-    cpu_at_start: list[float | None] = [None]
+    cpu_at_start: float | None = None
 
     def cpu_start() -> None:
-        cpu_at_start[0] = machine_cpu()
+        nonlocal cpu_at_start
+        cpu_at_start = machine_cpu()
 
     def ours_ready() -> int:
         with env.transaction() as conn:
@@ -105,7 +106,7 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
 
     def note_stages(side: str) -> Callable[[Measurement], None]:
         def after(measured: Measurement) -> None:
-            start, end = cpu_at_start[0], machine_cpu()
+            start, end = cpu_at_start, machine_cpu()
             completed = measured.results[CLOSER].messages
             if start is not None and end is not None and completed:
                 clients = sum(r.cpu for r in measured.results)
