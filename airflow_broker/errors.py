@@ -145,6 +145,10 @@ class HandleInUse(InvalidArgument, number=50125):
     """BEGIN DIALOG given a conversation handle that an endpoint already has."""
 
 
+class RunIdInUse(InvalidArgument, number=50126):
+    """A reader run begun with the id of a run of another queue."""
+
+
 class ContractNameIsNull(InvalidArgument, number=8417):
     """BEGIN DIALOG without a contract."""
 

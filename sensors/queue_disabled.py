@@ -126,7 +126,8 @@ class QueueDisabledSensor(BrokerWaitSensor):
         if missing and missing != self._missing:
             # CREATE EVENT NOTIFICATION on a missing queue fails with Msg 15151: wait instead.
             self.log.info(
-                "waiting for queue(s) %s, which do not exist yet; %s", ", ".join(missing),
+                "waiting for queue(s) %s, which do not exist yet (or which this connection's "
+                "role holds no permission on); %s", ", ".join(missing),
                 f"their event notification {self.notification_name} is created once they do"
                 if self.create_notifications else
                 "no BROKER_QUEUE_DISABLED can be raised for them until they exist and have "

@@ -113,9 +113,9 @@ def queue_readers(dsn: str, schema: str | None, queue: str) -> int:
 
     with Broker(dsn, schema=schema, max_connections=1) as broker, broker.transaction() as tx:
         found = tx.run(tx.queries["queue_readers"], [queue])
-    if not found or found[0][0] is None:
+    if not found:
         raise InvalidObjectName(f"Invalid object name '{queue}'.")
-    return max(int(found[0][1] or 0), 1)
+    return max(int(found[0][0] or 0), 1)
 
 
 def concurrent_slots(sc: SparkContext, wait: float) -> int | None:

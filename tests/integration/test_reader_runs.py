@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from airflow_broker.errors import ObjectNotFound, RunIdInUse
 from airflow_broker.messages import Message
 from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig, ReaderContext
 from airflow_broker.readers.runs import AttemptLog, begin_run, finish_run, run_summary
@@ -87,6 +88,7 @@ def test_a_killed_attempt_keeps_its_committed_work_counted(trading: App) -> None
 def test_rolled_back_batches_count_their_failures_not_their_messages(trading: App) -> None:
     send_trades(trading, 1, 2, bad={(0, 0)})
     run_id = uuid.uuid4()
+    begin_run(trading.broker, run_id, "q_t", {})
     stats = attempt(trading, run_id, 0, 0, strategy="retry", max_attempts=3).run()
     summary = run_summary(trading.broker, run_id)
     # Two rollbacks, then the quarantine: each message received once, as committed.
@@ -103,6 +105,7 @@ def two_readers(app: App, conversations: int, per_conversation: int) -> uuid.UUI
     then run one after the other."""
     send_trades(app, conversations, per_conversation)
     run_id = uuid.uuid4()
+    begin_run(app.broker, run_id, "q_t", {})
     first, second = attempt(app, run_id, 0, 0), attempt(app, run_id, 1, 1)
     first.run()
     second.run()
@@ -123,3 +126,19 @@ def test_a_reader_that_found_nothing_reports_zeros(trading: App) -> None:
     assert [(r["reader"], r["received"], r["processed"]) for r in summary["per_reader"]] == [
         (0, 2, 2), (1, 0, 0)]
     assert [a["processed"] for a in summary["per_attempt"]] == [2, 0]
+
+
+def test_readers_report_into_a_run_that_was_begun_on_their_queue(trading: App) -> None:
+    """An attempt of a run nobody began has no queue to be checked against: refused with
+    15151, as is a run id given again for another queue (50126), and neither writes a row."""
+    run_id = uuid.uuid4()
+    with pytest.raises(ObjectNotFound, match="reader run"):
+        AttemptLog(trading.broker, run_id, 0, 0)
+    begin_run(trading.broker, run_id, "q_t", {"readers_wanted": 2})
+    with pytest.raises(RunIdInUse, match="q_t"):
+        begin_run(trading.broker, run_id, "q_i", {"readers_wanted": 5})
+    with pytest.raises(ObjectNotFound, match="no_such_queue"):
+        begin_run(trading.broker, uuid.uuid4(), "no_such_queue", {})
+    assert run_summary(trading.broker, run_id)["readers_wanted"] == 2
+    assert count(trading.broker, "SELECT count(*) FROM broker.reader_runs") == 1
+    assert count(trading.broker, "SELECT count(*) FROM broker.reader_attempts") == 0

@@ -5,14 +5,19 @@ end or disable the other's conversations and queues."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
 import pytest
 
 from airflow_broker import Broker
-from airflow_broker.errors import ObjectPermissionDenied
+from airflow_broker.errors import (
+    InvalidObjectName,
+    ObjectNotFound,
+    ObjectPermissionDenied,
+)
+from airflow_broker.readers import runs
 from tests.support import roles
 from tests.support.privileges import Application, login, snapshot
 
@@ -86,15 +91,77 @@ def test_an_application_cannot_touch_anothers_conversations(apps: Apps, attempt:
             tx.begin_dialog("b_I", "b_T", "b_C")
         else:
             # Rolled-back receives it never made would disable B's queue.
-            tx.run(b"SELECT broker.register_receive("
-                   b"(broker.find_queue('b_q_t')).object_id, '1'::xid8,"
-                   b" ARRAY[gen_random_uuid()], 1)")
+            tx.run(b"SELECT broker.register_receive(%s, '1'::xid8, ARRAY[gen_random_uuid()], 1)",
+                   [queue_id(apps.dsn, "b_q_t")])
     assert denied.value.number == 229
     assert "b_q_" in str(denied.value) or "b_C" in str(denied.value)
     assert snapshot(apps.dsn) == before
     # B's message is still there for B.
     with login(apps.dsn, apps.b) as b, b.transaction() as tx:
         assert [m.message_body for m in tx.receive("b_q_t")] == [b"b's secret"]
+
+
+def queue_id(dsn: str, name: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT object_id FROM broker.queues WHERE name = %s",
+                           [name]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_application_cannot_look_up_anothers_queue(apps: Apps) -> None:
+    """A queue's name tells a login no more than the catalog views do: B's queue is not there
+    for A, and the full queue row (activation procedure, EXECUTE AS) is the owner's."""
+    with psycopg.connect(apps.dsn) as conn:
+        conn.execute("SELECT broker.alter_queue('b_q_t', p_activation_procedure =>"
+                     " 'b_readers.secret:handle', p_max_queue_readers => 1)")
+    with login(apps.dsn, apps.a) as a:
+        with a.transaction() as tx:
+            assert tx.run(b"SELECT * FROM broker.queue_reference('b_q_t')") == []
+            assert tx.run(b"SELECT * FROM broker.queue_reference('a_q_t')") == [
+                (queue_id(apps.dsn, "a_q_t"), True)]
+            assert tx.run(b"SELECT * FROM broker.queue_definition('b_q_t')") == []
+        with pytest.raises(InvalidObjectName), a.transaction() as tx:
+            tx.shared.queue_id(tx, "b_q_t")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), a.transaction() as tx:
+            tx.run(b"SELECT activation_procedure FROM broker.find_queue('b_q_t')")
+    with login(apps.dsn, apps.b) as b, b.transaction() as tx:
+        assert tx.run(b"SELECT * FROM broker.queue_reference('b_q_t')") == [
+            (queue_id(apps.dsn, "b_q_t"), True)]
+
+
+def test_an_application_cannot_read_or_write_anothers_reader_runs(apps: Apps) -> None:
+    """A reader run's records (its plan, its readers' counts and errors) are for logins with
+    RECEIVE on its queue: A can neither read B's run nor add to it, nor begin one on B's
+    queue, and what B's run says stays B's."""
+    run_id = uuid.uuid4()
+    with login(apps.dsn, apps.b) as b:
+        runs.begin_run(b, run_id, "b_q_t", {"readers_wanted": 1})
+        runs.AttemptLog(b, run_id, 0, 0).end("finished")
+    before = snapshot(apps.dsn)
+    with login(apps.dsn, apps.a) as a:
+        # Not found, as a run nobody began would be: B's run and queue are not named to A.
+        attempts: list[tuple[Callable[[], object], str]] = [
+            (lambda: runs.run_summary(a, run_id), f"reader run '{run_id}'"),
+            (lambda: runs.finish_run(a, run_id), f"reader run '{run_id}'"),
+            (lambda: runs.AttemptLog(a, run_id, 0, 1), f"reader run '{run_id}'"),
+            (lambda: runs.begin_run(a, run_id, "a_q_t", {"readers_wanted": 9}),
+             f"reader run '{run_id}'"),
+            (lambda: runs.begin_run(a, uuid.uuid4(), "b_q_t", {}), "queue 'b_q_t'"),
+        ]
+        for attempt, named in attempts:
+            with pytest.raises(ObjectNotFound) as refused:
+                attempt()
+            assert named in str(refused.value)
+        with pytest.raises(ObjectNotFound) as refused, a.transaction() as tx:
+            tx.run(b"SELECT broker.reader_attempt_progress(%s, 0, 0, '{\"received\": 1000}',"
+                   b" '[]')", [run_id])
+        assert "reader run" in str(refused.value)
+    assert snapshot(apps.dsn) == before
+    with login(apps.dsn, apps.b) as b:
+        summary = runs.run_summary(b, run_id)
+    assert (summary["readers"], summary["attempts"], summary["readers_wanted"]) == (1, 1, 1)
+    assert summary["failed_readers"] == []
 
 
 def test_each_application_sees_its_own_part_of_the_catalog_views(apps: Apps) -> None:

@@ -2,18 +2,58 @@
 -- of their readers: what operators report, summed from the database so that it holds over
 -- task retries and killed processes.
 
+-- A run's records are its readers': every function here needs RECEIVE on the run's queue
+-- (229), and a run that does not exist, or whose queue the login may not see, is not found
+-- (15151). A queue dropped since leaves its runs to the schema's owner.
+CREATE OR REPLACE FUNCTION require_run(p_run_id uuid) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_queue text;
+    q queues;
+BEGIN
+    SELECT queue_name INTO v_queue FROM reader_runs WHERE run_id = p_run_id;
+    IF FOUND THEN
+        q := find_queue(v_queue);
+    END IF;
+    IF q.object_id IS NOT NULL
+       AND (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
+        PERFORM require_on_queue('RECEIVE', q);
+    ELSIF NOT (v_queue IS NOT NULL AND is_broker_owner()) THEN
+        PERFORM raise_error(15151, 'reader run', coalesce(p_run_id::text, 'NULL'));
+    END IF;
+END
+$$;
+
 -- A run starts: its plan (queue, readers, what the cluster can run at once) is kept with it.
 CREATE OR REPLACE FUNCTION reader_run_begin(p_run_id uuid, p_queue text, p_plan jsonb)
-RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
-    SELECT require_on_queue('RECEIVE', q) FROM find_queue(p_queue) q WHERE q.object_id IS NOT NULL;
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues;
+    v_queue text;
+BEGIN
+    SELECT * INTO q FROM visible_queue(p_queue);
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(15151, 'queue', coalesce(p_queue, 'NULL'));
+    END IF;
+    PERFORM require_on_queue('RECEIVE', q);
     INSERT INTO reader_runs (run_id, queue_name, started_at, summary)
     VALUES (p_run_id, p_queue, utc_now(), p_plan)
-    ON CONFLICT (run_id) DO UPDATE SET summary = reader_runs.summary || EXCLUDED.summary;
+    ON CONFLICT (run_id) DO UPDATE SET summary = reader_runs.summary || EXCLUDED.summary
+     WHERE reader_runs.queue_name = EXCLUDED.queue_name
+    RETURNING queue_name INTO v_queue;
+    IF v_queue IS NULL THEN
+        -- Named only to a login that may read that run.
+        PERFORM require_run(p_run_id);
+        SELECT queue_name INTO v_queue FROM reader_runs WHERE run_id = p_run_id;
+        PERFORM raise_error(50126, p_run_id::text, v_queue);
+    END IF;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION reader_attempt_begin(p_run_id uuid, p_reader integer,
                                                 p_attempt integer, p_host text, p_pid integer)
 RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT require_run(p_run_id);
     INSERT INTO reader_attempts (run_id, reader, attempt, host, pid, started_at, updated_at)
     VALUES (p_run_id, p_reader, p_attempt, p_host, p_pid, utc_now(), utc_now())
     ON CONFLICT (run_id, reader, attempt) DO UPDATE
@@ -25,6 +65,7 @@ CREATE OR REPLACE FUNCTION reader_attempt_progress(p_run_id uuid, p_reader integ
                                                    p_attempt integer, p_stats jsonb,
                                                    p_events jsonb)
 RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT require_run(p_run_id);
     UPDATE reader_attempts SET stats = p_stats, events = p_events, updated_at = utc_now()
      WHERE run_id = p_run_id AND reader = p_reader AND attempt = p_attempt;
 $$;
@@ -32,6 +73,7 @@ $$;
 CREATE OR REPLACE FUNCTION reader_attempt_end(p_run_id uuid, p_reader integer,
                                               p_attempt integer, p_status text, p_error text)
 RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT require_run(p_run_id);
     UPDATE reader_attempts SET status = p_status, error = p_error, ended_at = utc_now(),
                                updated_at = utc_now()
      WHERE run_id = p_run_id AND reader = p_reader AND attempt = p_attempt;
@@ -43,6 +85,7 @@ $$;
 -- commit).
 CREATE OR REPLACE FUNCTION reader_run_summary(p_run_id uuid)
 RETURNS jsonb LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT require_run(p_run_id);
     WITH a AS (
         SELECT *, coalesce(ended_at, updated_at) AS until,
                row_number() OVER (PARTITION BY reader ORDER BY started_at DESC, attempt DESC)
@@ -94,6 +137,7 @@ $$;
 -- The run has ended: its summary is kept with it.
 CREATE OR REPLACE FUNCTION reader_run_finish(p_run_id uuid)
 RETURNS jsonb LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT require_run(p_run_id);
     UPDATE reader_runs SET ended_at = utc_now(), summary = reader_run_summary(p_run_id)
      WHERE run_id = p_run_id
     RETURNING summary;

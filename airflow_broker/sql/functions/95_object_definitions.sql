@@ -38,6 +38,15 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
        AND (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id))
 $$;
 
+-- What a client needs of a queue it names: its id, as OBJECT_ID gives it, and whether its
+-- rolled-back receives are counted for poison detection. No row when there is no such queue
+-- or the login may not see it, so a name tells nobody more than the catalog views do.
+CREATE OR REPLACE FUNCTION queue_reference(p_name text)
+RETURNS TABLE (object_id integer, is_poison_message_handling_enabled boolean)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT object_id, is_poison_message_handling_enabled FROM visible_queue(p_name)
+$$;
+
 CREATE OR REPLACE FUNCTION queue_definition(p_name text)
 RETURNS TABLE (is_receive_enabled boolean, is_retention_enabled boolean,
                is_activation_enabled boolean, activation_procedure text, max_readers integer,

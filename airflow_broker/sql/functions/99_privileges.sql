@@ -20,7 +20,7 @@ BEGIN
                    'begin_dialog', 'send', 'send_if_open', 'send_many', 'receive',
                    'get_conversation_group', 'end_conversation', 'end_conversation_with_error',
                    'begin_conversation_timer', 'move_conversation', 'get_transmission_status',
-                   'find_queue', 'message_type_validation', 'broker_instance',
+                   'queue_reference', 'message_type_validation', 'broker_instance',
                    'utc_now', 'max_message_size',
                    -- A reader's own records: poison detection, WAITFOR, quarantine, runs.
                    'register_receive', 'resolve_receives', 'wait_register', 'wait_remove',

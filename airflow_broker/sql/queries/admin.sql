@@ -10,4 +10,4 @@ ORDER BY leaked DESC
 SELECT * FROM {schema}.queue_state(%s)
 
 -- queue_readers --
-SELECT object_id, max_readers FROM {schema}.find_queue(%s)
+SELECT max_readers FROM {schema}.queue_definition(%s)

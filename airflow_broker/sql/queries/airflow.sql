@@ -77,8 +77,10 @@ SELECT * FROM {schema}.airflow_peek(%s, %s, %s::uuid, %s::uuid, %s::text[])
 SELECT * FROM {schema}.airflow_queue_state(%s)
 
 -- queue_ids --
--- The ids of the named queues (NULL for one that does not exist yet).
-SELECT w.name, ({schema}.find_queue(w.name)).object_id FROM unnest(%s::text[]) AS w(name)
+-- The ids of the named queues (NULL for one that does not exist yet, or that the login may
+-- not see).
+SELECT w.name, (SELECT object_id FROM {schema}.queue_reference(w.name))
+FROM unnest(%s::text[]) AS w(name)
 
 -- disabled_queue_of_event --
 -- The queue a BROKER_QUEUE_DISABLED event is about, and its database's name.
@@ -100,7 +102,7 @@ FROM {schema}.contract_definition(%s)
 SELECT * FROM {schema}.queue_definition(%s)
 
 -- spec_queue_id --
-SELECT object_id FROM {schema}.find_queue(%s)
+SELECT object_id FROM {schema}.queue_reference(%s)
 
 -- spec_service --
 SELECT service_queue_id, contract_name FROM {schema}.service_definition(%s)

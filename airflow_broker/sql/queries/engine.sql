@@ -4,11 +4,12 @@
 
 -- receive --
 -- RECEIVE, with what poison detection needs in the same round trip: the receiving
--- transaction's id and the queue's.
-SELECT r.*, pg_current_xact_id_if_assigned()::text, q.object_id,
-       q.is_poison_message_handling_enabled
-FROM {schema}.receive(%s::text, %s::bigint, %s::uuid, %s::uuid) r,
-     {schema}.find_queue(%s::text) q
+-- transaction's id and the queue's. The queue is looked up only when a message came: the
+-- subqueries read the CTE on the first row, and a RECEIVE that finds nothing has none.
+WITH q AS MATERIALIZED (SELECT * FROM {schema}.queue_reference(%s::text))
+SELECT r.*, pg_current_xact_id_if_assigned()::text, (SELECT object_id FROM q),
+       (SELECT is_poison_message_handling_enabled FROM q)
+FROM {schema}.receive(%s::text, %s::bigint, %s::uuid, %s::uuid) r
 
 -- register_receive --
 -- Poison detection's record of a receiving transaction, on the side connection. Filled in
@@ -24,7 +25,8 @@ SELECT {schema}.resolve_receives(%d)
 SELECT * FROM {schema}.message_type_validation(%s)
 
 -- queue_id --
-SELECT object_id FROM {schema}.find_queue(%s)
+-- NULL for a queue the login may not see, as for one that does not exist.
+SELECT object_id FROM {schema}.queue_reference(%s)
 
 -- utc_now --
 SELECT {schema}.utc_now()

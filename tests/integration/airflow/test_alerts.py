@@ -178,8 +178,9 @@ def test_alert_sensor_waits_for_a_queue_created_later(
     event = xcom(dag_run, "alert")
     assert (event["queue_name"], event["reason"]) == ("BrokerageQueue", "POISON")
     out = capfd.readouterr().out
-    assert ("waiting for queue(s) BrokerageQueue, which do not exist yet; their event "
-            "notification airflow_broker_queue_disabled is created once they do") in out
+    assert ("waiting for queue(s) BrokerageQueue, which do not exist yet (or which this "
+            "connection's role holds no permission on); their event notification "
+            "airflow_broker_queue_disabled is created once they do") in out
     assert deferrable == (
         "deferring to the triggerer: waiting for BROKER_QUEUE_DISABLED about queue(s) "
         f"BrokerageQueue on notification queue {ALERT_QUEUE}; not created yet: BrokerageQueue"
