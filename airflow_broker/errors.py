@@ -149,6 +149,11 @@ class RunIdInUse(InvalidArgument, number=50126):
     """A reader run begun with the id of a run of another queue."""
 
 
+class OwnerOnlyPermission(InvalidArgument, number=50127):
+    """GRANT, DENY or REVOKE of CREATE ROUTE or CREATE XML SCHEMA COLLECTION, which only the
+    schema's owner and its members hold."""
+
+
 class ContractNameIsNull(InvalidArgument, number=8417):
     """BEGIN DIALOG without a contract."""
 

@@ -136,3 +136,20 @@ def test_upgrading_from_each_migration_yields_the_fresh_catalog(
             install(dsn, up_to=migration.name.split("__")[0])
             install(dsn)
             assert catalog(dsn) == fresh_catalog, migration.name
+
+
+def test_an_upgrade_removes_grants_of_create_route_which_gave_nothing(server_dsn: str) -> None:
+    """CREATE ROUTE on the database could be granted before V017, yet only the schema's owner
+    may create a route: the upgrade removes such rows and keeps every real grant."""
+    grant = ("INSERT INTO broker.permissions (class, major_id, grantee, permission, state,"
+             " grantor) VALUES (0, 0, 0, %s, 'G', 10)")
+    with database(server_dsn) as dsn:
+        install(dsn, up_to="V016")
+        with psycopg.connect(dsn) as conn:
+            conn.execute(grant, ["CREATE ROUTE"])
+            conn.execute(grant, ["CREATE QUEUE"])
+        install(dsn)
+        with psycopg.connect(dsn) as conn:
+            left = conn.execute("SELECT permission FROM broker.permissions"
+                                " WHERE class = 0 AND grantee = 0 ORDER BY 1").fetchall()
+    assert left == [("CREATE QUEUE",)]

@@ -109,6 +109,7 @@ INSERT INTO error_messages (error_number, text) VALUES
     (50112, 'The quarantined message %s cannot be replayed: its conversation %s can no longer receive (endpoint state %s).'),
     (50125, 'The conversation handle ''%s'' given to BEGIN DIALOG is already in use; give a new random one, or none.'),
     (50126, 'The reader run %s already exists for queue ''%s''; give a new run id.'),
+    (50127, 'The %s permission cannot be granted, denied or revoked: routes and XML schema collections are the schema owner''s alone (a route''s address may hold a password). Make the login a member of the owner role instead.'),
     (50123, 'The broker spec is not valid: %s'),
     (50124, 'The role ''%s'' cannot record its receiving transactions for poison-message detection (it needs EXECUTE on register_receive, which the broker grants to PUBLIC): a RECEIVE it rolled back would not count. Grant it again, or turn POISON_MESSAGE_HANDLING off for the queue.'),
     (50122, 'The message body of %s bytes is larger than the maximum message size of %s bytes.'),

@@ -186,7 +186,7 @@ BEGIN
     IF upper(p_securable) = 'DATABASE' THEN
         class := 0; major_id := 0; kind := 'database'; name := current_database();
         permissions := ARRAY['CONTROL', 'CREATE QUEUE', 'CREATE SERVICE', 'CREATE CONTRACT',
-                             'CREATE MESSAGE TYPE', 'CREATE ROUTE'];
+                             'CREATE MESSAGE TYPE'];
     ELSIF v_kind = 'SERVICE' THEN
         class := 17; kind := 'service';
         SELECT s.service_id, s.principal_id INTO major_id, owner
@@ -248,6 +248,9 @@ DECLARE
     v_grantee oid;
     v_may boolean;
 BEGIN
+    IF s.class = 0 AND v_permission IN ('CREATE ROUTE', 'CREATE XML SCHEMA COLLECTION') THEN
+        PERFORM raise_error(50127, v_permission);
+    END IF;
     IF v_permission IS NULL OR NOT v_permission = ANY (s.permissions) THEN
         PERFORM raise_error(102, coalesce(p_permission, 'NULL'));
     END IF;
