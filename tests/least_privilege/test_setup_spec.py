@@ -16,8 +16,6 @@ from airflow_broker.operators.setup import apply_spec
 from tests.support import roles
 from tests.support.privileges import login, snapshot
 
-CREATE_PERMISSIONS = ("CREATE QUEUE", "CREATE SERVICE", "CREATE CONTRACT",
-                      "CREATE MESSAGE TYPE")
 NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification"
 
 
@@ -42,7 +40,7 @@ def spec(prefix: str) -> dict[str, Any]:
 @pytest.fixture
 def administrator(owned_dsn: str) -> Iterator[str]:
     """A login holding USAGE and the CREATE permissions an application's setup needs."""
-    grants = [roles.broker_grant(p, "DATABASE") for p in CREATE_PERMISSIONS]
+    grants = [roles.broker_grant(p, "DATABASE") for p in roles.CREATE_PERMISSIONS]
     with roles.role(owned_dsn, *roles.APPLICATION_GRANTS, *grants, prefix="setup",
                     login=True) as name:
         yield name
@@ -97,7 +95,7 @@ def test_an_administrator_sets_up_its_application_and_applies_it_again(
 def test_another_applications_objects_are_neither_seen_nor_taken_over(
         owned_dsn: str, administrator: str) -> None:
     apply(owned_dsn, administrator, spec("s_"))
-    grants = [roles.broker_grant(p, "DATABASE") for p in CREATE_PERMISSIONS]
+    grants = [roles.broker_grant(p, "DATABASE") for p in roles.CREATE_PERMISSIONS]
     with roles.role(owned_dsn, *roles.APPLICATION_GRANTS, *grants, prefix="rival",
                     login=True) as rival:
         before = snapshot(owned_dsn)

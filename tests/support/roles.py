@@ -15,6 +15,11 @@ from psycopg.conninfo import make_conninfo
 # functions check the rest, which broker_grant() gives.
 APPLICATION_GRANTS = ("GRANT USAGE ON SCHEMA broker TO {}",)
 
+# What BrokerSetupOperator needs on the database to create an application's objects (the
+# login then owns what it creates).
+CREATE_PERMISSIONS = ("CREATE QUEUE", "CREATE SERVICE", "CREATE CONTRACT",
+                      "CREATE MESSAGE TYPE")
+
 
 def broker_grant(permission: str, securable: str, action: str = "grant") -> str:
     """A statement for role(): GRANT (or DENY, REVOKE) a broker permission, as
