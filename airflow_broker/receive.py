@@ -34,7 +34,7 @@ class ReceiveStatements(StatementRunner):
         holds no lock while it waits.
         """
         q = self.queries["receive"]
-        params = [queue_name, queue_name, top, conversation_handle, conversation_group_id]
+        params = [queue_name, top, conversation_handle, conversation_group_id]
 
         def once() -> list[Message]:
             rows = self.run(q, params)

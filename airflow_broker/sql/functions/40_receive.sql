@@ -150,12 +150,18 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION receive(
+-- RECEIVE, each row with what the client's poison detection records on its side connection:
+-- the queue's id, and whether its receiving transactions are counted. The queue RECEIVE has
+-- just checked is the one named, so no second lookup (and no second permission check) is
+-- needed for it.
+CREATE OR REPLACE FUNCTION receive_with_queue(
     p_queue text,
     p_top bigint DEFAULT NULL,
     p_conversation_handle uuid DEFAULT NULL,
     p_conversation_group_id uuid DEFAULT NULL)
-RETURNS SETOF received_message LANGUAGE plpgsql SET search_path FROM CURRENT
+RETURNS TABLE (message received_message, queue_object_id integer,
+               queue_poison_handling boolean)
+LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
 DECLARE
     q queues := receivable_queue(p_queue);
@@ -181,7 +187,8 @@ BEGIN
         PERFORM 1 FROM dialog_groups WHERE conversation_group_id = v_group
            FOR NO KEY UPDATE;
         PERFORM nextval(q.receive_counter);
-        RETURN QUERY SELECT * FROM take_messages(q, v_group, p_conversation_handle, v_limit);
+        RETURN QUERY SELECT t, q.object_id, q.is_poison_message_handling_enabled
+          FROM take_messages(q, v_group, p_conversation_handle, v_limit) t;
         RETURN;
     END IF;
 
@@ -195,7 +202,8 @@ BEGIN
             PERFORM raise_error(8436, p_conversation_group_id::text);
         END IF;
         PERFORM nextval(q.receive_counter);
-        RETURN QUERY SELECT * FROM take_messages(q, v_group, NULL, v_limit);
+        RETURN QUERY SELECT t, q.object_id, q.is_poison_message_handling_enabled
+          FROM take_messages(q, v_group, NULL, v_limit) t;
         RETURN;
     END IF;
 
@@ -207,7 +215,8 @@ BEGIN
     FOR attempt IN 1 .. 16 LOOP
         v_group := lock_next_group(q.object_id);
         EXIT WHEN v_group IS NULL;
-        RETURN QUERY SELECT * FROM take_messages(q, v_group, NULL, v_limit);
+        RETURN QUERY SELECT t, q.object_id, q.is_poison_message_handling_enabled
+          FROM take_messages(q, v_group, NULL, v_limit) t;
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows > 0 OR v_limit = 0 THEN
             RETURN;
@@ -215,6 +224,18 @@ BEGIN
     END LOOP;
     PERFORM nextval(q.empty_receive_counter);
 END
+$$;
+
+-- RECEIVE [TOP (p_top)] * FROM p_queue [WHERE conversation_handle = ... |
+-- conversation_group_id = ...].
+CREATE OR REPLACE FUNCTION receive(
+    p_queue text,
+    p_top bigint DEFAULT NULL,
+    p_conversation_handle uuid DEFAULT NULL,
+    p_conversation_group_id uuid DEFAULT NULL)
+RETURNS SETOF received_message LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT (r.message).*
+      FROM receive_with_queue(p_queue, p_top, p_conversation_handle, p_conversation_group_id) r
 $$;
 
 CREATE OR REPLACE FUNCTION get_conversation_group(p_queue text) RETURNS uuid

@@ -18,7 +18,8 @@ BEGIN
         SELECT p.oid::regprocedure, p.proname = ANY (ARRAY[
                    -- The statements, which check SEND, RECEIVE and REFERENCES themselves.
                    'begin_dialog', 'send', 'send_if_open', 'send_many', 'receive',
-                   'get_conversation_group', 'end_conversation', 'end_conversation_with_error',
+                   'receive_with_queue', 'get_conversation_group', 'end_conversation',
+                   'end_conversation_with_error',
                    'begin_conversation_timer', 'move_conversation', 'get_transmission_status',
                    'queue_reference', 'message_type_validation', 'broker_instance',
                    'utc_now', 'max_message_size',

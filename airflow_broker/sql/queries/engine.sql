@@ -4,12 +4,10 @@
 
 -- receive --
 -- RECEIVE, with what poison detection needs in the same round trip: the receiving
--- transaction's id and the queue's. The queue is looked up only when a message came: the
--- subqueries read the CTE on the first row, and a RECEIVE that finds nothing has none.
-WITH q AS MATERIALIZED (SELECT * FROM {schema}.queue_reference(%s::text))
-SELECT r.*, pg_current_xact_id_if_assigned()::text, (SELECT object_id FROM q),
-       (SELECT is_poison_message_handling_enabled FROM q)
-FROM {schema}.receive(%s::text, %s::bigint, %s::uuid, %s::uuid) r
+-- transaction's id and the queue's.
+SELECT (r.message).*, pg_current_xact_id_if_assigned()::text, r.queue_object_id,
+       r.queue_poison_handling
+FROM {schema}.receive_with_queue(%s::text, %s::bigint, %s::uuid, %s::uuid) r
 
 -- register_receive --
 -- Poison detection's record of a receiving transaction, on the side connection. Filled in
