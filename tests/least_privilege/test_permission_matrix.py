@@ -31,6 +31,7 @@ class Setup:
     initiator: uuid.UUID
     target: uuid.UUID
     other_group: uuid.UUID
+    queue_id: int
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ def setup(owned_dsn: str) -> Setup:
                            b" WHERE conversation_handle = %s", [initiator])
         other_group = tx.scalar(b"SELECT conversation_group_id FROM broker.endpoints"
                                 b" WHERE conversation_handle = %s", [other])
-    return Setup(owned_dsn, initiator, target, other_group)
+        queue_id = tx.scalar(b"SELECT object_id FROM broker.queues WHERE name = 'q_t'")
+    return Setup(owned_dsn, initiator, target, other_group, queue_id)
 
 
 @pytest.fixture(params=ROLES)
@@ -206,19 +208,23 @@ def test_no_application_role_reads_or_writes_a_table(
             conn.rollback()
 
 
-@pytest.mark.parametrize("call", [
-    "broker.enqueue_local(%s, 3, 'forged'::bytea, 5::smallint)",
-    "broker.deliver_error(%s, -8494, 'forged')",
-    "broker.end_conversation_with_cleanup(%s)",
-    "broker.poison_disable((broker.find_queue('q_t')).object_id, 5, '{}'::uuid[])",
+@pytest.mark.parametrize(("call", "argument"), [
+    ("broker.enqueue_local(%s, 3, 'forged'::bytea, 5::smallint)", "target"),
+    ("broker.deliver_error(%s, -8494, 'forged')", "target"),
+    ("broker.end_conversation_with_cleanup(%s)", "target"),
+    ("broker.poison_disable(%s, 5, '{}'::uuid[])", "queue_id"),
+    # A queue's whole row, activation procedure and EXECUTE AS included.
+    ("broker.find_queue('q_t')", None),
 ])
 def test_internal_functions_are_the_owners_alone(
-        call: str, principal: tuple[str, str], setup: Setup) -> None:
+        call: str, argument: str | None, principal: tuple[str, str], setup: Setup) -> None:
     """What delivery, the worker and the administrator use inside the broker (injecting a
-    message, failing a conversation, disabling a queue) is not executable by applications."""
+    message, failing a conversation, disabling a queue, reading a queue's definition) is not
+    executable by applications."""
     _, name = principal
     before = snapshot(setup.dsn)
     with psycopg.connect(roles.login_dsn(setup.dsn, name)) as conn, \
-            pytest.raises(psycopg.errors.InsufficientPrivilege):
-        conn.execute(f"SELECT {call}".encode(), [setup.target] if "%s" in call else [])
+            pytest.raises(psycopg.errors.InsufficientPrivilege) as denied:
+        conn.execute(f"SELECT {call}".encode(), [getattr(setup, argument)] if argument else [])
+    assert call.split("(")[0].removeprefix("broker.") in str(denied.value)
     assert snapshot(setup.dsn) == before
