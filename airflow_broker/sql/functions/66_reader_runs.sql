@@ -4,7 +4,8 @@
 
 -- A run's records are its readers': every function here needs RECEIVE on the run's queue
 -- (229), and a run that does not exist, or whose queue the login may not see, is not found
--- (15151). A queue dropped since leaves its runs to the schema's owner.
+-- (15151). A queue dropped since leaves its runs to the schema's owner. The readers' own
+-- call, once per batch, costs one permission lookup; the others only matter for a refusal.
 CREATE OR REPLACE FUNCTION require_run(p_run_id uuid) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
@@ -16,7 +17,11 @@ BEGIN
         q := find_queue(v_queue);
     END IF;
     IF q.object_id IS NOT NULL
-       AND (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id)) THEN
+       AND role_has_permission(session_user, 'RECEIVE', 1::smallint, q.object_id,
+                               q.principal_id) THEN
+        RETURN;
+    END IF;
+    IF q.object_id IS NOT NULL AND may_see(1::smallint, q.object_id, q.principal_id) THEN
         PERFORM require_on_queue('RECEIVE', q);
     ELSIF NOT (v_queue IS NOT NULL AND is_broker_owner()) THEN
         PERFORM raise_error(15151, 'reader run', coalesce(p_run_id::text, 'NULL'));
