@@ -47,6 +47,7 @@ DECLARE
     v_warning text;
     v_peer_sent bigint;
     v_queue integer;
+    v_group uuid;
 BEGIN
     IF p_with_error THEN
         IF p_error_code IS NULL AND p_error_description IS NULL THEN
@@ -64,6 +65,35 @@ BEGIN
     END IF;
     IF e.state IN ('DO', 'CD') THEN
         PERFORM raise_error(8427, e.state);
+    END IF;
+
+    IF e.state = 'DI' AND e.is_initiator THEN
+        -- The common close of a dialog: the initiator ends after receiving everything the
+        -- target sent, its EndDialog last. With nothing of the conversation left on the queue
+        -- or in the transmission queue, the endpoint and its group (when no other
+        -- conversation is in it) go in one statement, as delete_endpoint() would remove them.
+        -- Otherwise nothing is deleted and the general path below decides.
+        -- explain end_closed: p_handle uuid
+        WITH gone AS (
+            DELETE FROM endpoints ce
+             WHERE ce.conversation_handle = p_handle
+               AND NOT EXISTS (SELECT 1 FROM queue_messages m
+                                WHERE m.conversation_handle = p_handle)
+               AND NOT EXISTS (SELECT 1 FROM transmissions t
+                                WHERE t.conversation_handle = p_handle)
+            RETURNING ce.conversation_group_id
+        ), emptied AS (
+            DELETE FROM dialog_groups g
+             USING gone
+             WHERE g.conversation_group_id = gone.conversation_group_id
+               AND NOT EXISTS (SELECT 1 FROM endpoints o
+                                WHERE o.conversation_group_id = gone.conversation_group_id
+                                  AND o.conversation_handle <> p_handle)
+        )
+        SELECT conversation_group_id INTO v_group FROM gone;
+        IF v_group IS NOT NULL THEN
+            RETURN NULL;
+        END IF;
     END IF;
 
     -- Unreceived messages of the conversation go; an Error among them is audited first.
