@@ -46,6 +46,8 @@ PRODUCER, ANSWERER, CLOSER = 0, 1, 2
 OURS_OPS = ("ours.dialog_begin", "ours.dialog_answer", "ours.dialog_close")
 PGMQ_OPS = ("pgmq.request_send", "pgmq.request_answer", "pgmq.reply_take")
 FLOOR_OPS = ("bare.dialog_begin", "bare.dialog_answer", "bare.dialog_close")
+RECORDED_FLOOR_OPS = ("bare.dialog_begin", "bare.dialog_answer_recorded",
+                      "bare.dialog_close_recorded")
 REQUEST_QUEUE, REPLY_QUEUE = "bench_request", "bench_reply"
 PEER_LABEL = "pgmq request/reply over 2 queues (no dialog)"
 STANDING_DIALOGS = 10_000
@@ -83,7 +85,7 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
     budget = time_budget(env.options.seconds)
     # Per side, per round: what each of the three processes did per second.
     stages: dict[str, list[tuple[float, float, float]]] = {
-        "ours": [], "piped": [], "floor": [], "pgmq": []}
+        "ours": [], "piped": [], "floor": [], "recorded": [], "pgmq": []}
     # Per side, per round: this machine's CPU and the three clients' per completed dialog, µs.
     cpu: dict[str, list[tuple[float, float]]] = {side: [] for side in stages}
     cpu_at_start: float | None = None
@@ -130,15 +132,20 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
                      pipeline=pipeline),
             ours_ready, note_stages(key), _completed, "dialogs/s", before_go=cpu_start)
 
+    def floor(key: str, label: str, ops: tuple[str, str, str]) -> Contender:
+        return Contender(
+            key, label, ops, 3,
+            OpParams(target.queue, reply_queue=initiator.queue,
+                     dialog=(initiator.service, target.service, ours_setup.CONTRACT),
+                     message_type=MESSAGE_TYPE),
+            ours_ready, note_stages(key), _completed, "dialogs/s", before_go=cpu_start)
+
     rates = alternate(env, "h", [
         ours("ours", "ours full dialog, 1 producer + 2 readers", False),
         ours("piped", "ours full dialog, pipelined, 1 producer + 2 readers", True),
-        Contender("floor", "the floor of a dialog, 1 producer + 2 readers", FLOOR_OPS, 3,
-                  OpParams(target.queue, reply_queue=initiator.queue,
-                           dialog=(initiator.service, target.service, ours_setup.CONTRACT),
-                           message_type=MESSAGE_TYPE),
-                  ours_ready, note_stages("floor"), _completed, "dialogs/s",
-                  before_go=cpu_start),
+        floor("floor", "the floor of a dialog, 1 producer + 2 readers", FLOOR_OPS),
+        floor("recorded", "the floor of a dialog with poison detection's record, 1 producer "
+              "+ 2 readers", RECORDED_FLOOR_OPS),
         Contender("pgmq", "pgmq request/reply, 1 producer + 2 readers", PGMQ_OPS, 3,
                   OpParams(REQUEST_QUEUE, reply_queue=REPLY_QUEUE),
                   pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s",
@@ -161,9 +168,11 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
     note = (
         "This machine's CPU per completed dialog, medians over rounds: ours "
         + cpu_medians("ours") + "; pipelined " + cpu_medians("piped") + "; the floor "
-        + cpu_medians("floor") + "; pgmq " + cpu_medians("pgmq") + ". "
+        + cpu_medians("floor") + "; the floor with poison detection's record "
+        + cpu_medians("recorded") + "; pgmq " + cpu_medians("pgmq") + ". "
         "Per second, medians over rounds: ours " + stage_medians("ours") + "; pipelined "
-        + stage_medians("piped") + "; the floor " + stage_medians("floor") + "; pgmq "
+        + stage_medians("piped") + "; the floor " + stage_medians("floor")
+        + "; the floor with poison detection's record " + stage_medians("recorded") + "; pgmq "
         + stage_medians("pgmq") + ". Pipelined: each "
         "step in Broker.transaction(pipeline=True), so the SENDs and ENDs after a statement "
         "with an answer travel with the COMMIT. The peer is not a dialog: pgmq has none, so its "
@@ -183,13 +192,14 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
             median(rates["pgmq"]), median(rates[key]), target=goal,
             peer_rounds=rates["pgmq"], ours_rounds=rates[key],
         ) for key, how in (("ours", ""), ("piped", ", pipelined"))] + [Row(
-            "the floor of a dialog (floors.sql), 1 producer + 2 readers", "dialogs/s",
-            PEER_LABEL, median(rates["pgmq"]), median(rates["floor"]), target=goal,
-            peer_rounds=rates["pgmq"], ours_rounds=rates["floor"],
-        )] + [Row(
+            f"the floor of a dialog{how} (floors.sql), 1 producer + 2 readers", "dialogs/s",
+            PEER_LABEL, median(rates["pgmq"]), median(rates[key]), target=goal,
+            peer_rounds=rates["pgmq"], ours_rounds=rates[key],
+        ) for key, how in (("floor", ""), ("recorded", " with poison detection's record"))] + [Row(
             f"this machine's CPU per complete dialog{how}", "µs", PEER_LABEL,
             median([c[0] for c in cpu["pgmq"]]), median([c[0] for c in cpu[key]]),
             higher_is_better=False,
             peer_rounds=[c[0] for c in cpu["pgmq"]], ours_rounds=[c[0] for c in cpu[key]],
-        ) for key, how in (("ours", ""), ("piped", ", pipelined"), ("floor", ", the floor"))],
+        ) for key, how in (("ours", ""), ("piped", ", pipelined"), ("floor", ", the floor"),
+                           ("recorded", ", the floor with poison detection's record"))],
     )

@@ -18,6 +18,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
+from airflow_broker.poison.detection import SideChannel
 from airflow_broker.queries import named_blocks
 
 BARE_TABLE = "bench.bare_insert"
@@ -220,16 +221,43 @@ class DialogFloorBegin(_FloorStatement):
 class _PollingFloorReader(_Connected):
     """Takes up to ``top`` messages of one conversation group of ``queue`` (floors.sql; all of
     them when None) and acts on them in the same transaction; polls every millisecond while
-    there are none, up to ``wait`` seconds, as pgmq's readers poll (0 messages then)."""
+    there are none, up to ``wait`` seconds, as pgmq's readers poll (0 messages then).
+
+    ``recorded``: each receiving transaction also keeps poison detection's record
+    (floors.sql's receive_record), as the broker's RECEIVE does: posted on a side connection
+    in autocommit without waiting for it, its answer read before the next one is posted,
+    through the broker's own side channel (airflow_broker.poison.detection)."""
 
     SETTINGS = FLOOR_READER_SETTINGS
 
     def __init__(self, dsn: str, worker: int, params: OpParams, queue: str,
-                 top: int | None = None) -> None:
+                 top: int | None = None, recorded: bool = False) -> None:
         super().__init__(dsn, worker, params)
         self.queue, self.top = queue, top
         self.wait = params.wait
         self.message_type = params.message_type
+        self.side: SideChannel | None = None
+        if recorded:
+            row = self.conn.execute("SELECT object_id FROM broker.queues WHERE name = %s",
+                                    [queue]).fetchone()
+            self.conn.commit()
+            if row is None:
+                raise RuntimeError(f"no queue {queue}")
+            self.queue_id = int(str(row[0]))
+            self.side = SideChannel(dsn, "bench-floor-reader", None)
+            self.record_query = floors()["receive_record"].encode()
+
+    def record(self, taken: list[TupleRow]) -> None:
+        if self.side is None:
+            return
+        ids = ",".join(str(row[3]) for row in taken)
+        self.side.post(self.record_query % (self.queue_id, int(str(taken[0][4])), ids.encode(),
+                                            self.conn.info.backend_pid))
+
+    def close(self) -> None:
+        if self.side is not None:
+            self.side.close()
+        super().close()
 
     def act(self, taken: list[TupleRow]) -> int:
         """What the transaction does with the messages; returns what it moved."""
@@ -241,6 +269,7 @@ class _PollingFloorReader(_Connected):
             with self.conn.transaction():
                 taken = receive_floor(self.conn, self.queue, self.top)
                 if taken:
+                    self.record(taken)
                     return self.act(taken)
             if time.monotonic() > deadline:
                 return 0
@@ -259,11 +288,12 @@ class DialogFloorAnswer(_PollingFloorReader):
     """h's floor, the target reader: RECEIVE the request, SEND the reply and END, one
     transaction."""
 
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, worker, params, params.queue)
+    def __init__(self, dsn: str, worker: int, params: OpParams,
+                 recorded: bool = False) -> None:
+        super().__init__(dsn, worker, params, params.queue, recorded=recorded)
 
     def act(self, taken: list[TupleRow]) -> int:
-        for handle, _type, _body in taken:
+        for handle, *_ in taken:
             self.conn.execute(floors()["dialog_reply_and_end"],
                               {"handle": handle, "message_type": self.message_type,
                                "body": self.body})
@@ -274,14 +304,29 @@ class DialogFloorClose(_PollingFloorReader):
     """h's floor, the initiator-side reader: RECEIVE the reply and the EndDialog, END, one
     transaction; returns the dialogs completed."""
 
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, worker, params, params.reply_queue)
+    def __init__(self, dsn: str, worker: int, params: OpParams,
+                 recorded: bool = False) -> None:
+        super().__init__(dsn, worker, params, params.reply_queue, recorded=recorded)
 
     def act(self, taken: list[TupleRow]) -> int:
-        ended = [handle for handle, message_type, _body in taken
+        ended = [handle for handle, message_type, *_ in taken
                  if message_type == END_DIALOG_TYPE]
         if len(taken) != 2 * len(ended):
             raise RuntimeError(f"expected a reply and an EndDialog per dialog, got {taken}")
         for handle in ended:
             self.conn.execute(floors()["dialog_end"], {"handle": handle})
         return len(ended)
+
+
+class DialogFloorAnswerRecorded(DialogFloorAnswer):
+    """h's floor with poison detection's record, the target reader."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, recorded=True)
+
+
+class DialogFloorCloseRecorded(DialogFloorClose):
+    """h's floor with poison detection's record, the initiator-side reader."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, recorded=True)

@@ -6,8 +6,10 @@ from bench import ours_ops, pgmq_ops
 from bench.ops import (
     BareInsert,
     DialogFloorAnswer,
+    DialogFloorAnswerRecorded,
     DialogFloorBegin,
     DialogFloorClose,
+    DialogFloorCloseRecorded,
     OpFactory,
     ReceiveFloor,
     ReceiveFloorWait,
@@ -41,6 +43,8 @@ LOAD_OPS: dict[str, OpFactory] = {
     "bare.dialog_begin": DialogFloorBegin,
     "bare.dialog_answer": DialogFloorAnswer,
     "bare.dialog_close": DialogFloorClose,
+    "bare.dialog_answer_recorded": DialogFloorAnswerRecorded,
+    "bare.dialog_close_recorded": DialogFloorCloseRecorded,
 }
 
 STEPPERS: dict[str, StepperFactory] = {
