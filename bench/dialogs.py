@@ -20,6 +20,19 @@ and both endpoints' states changed; the reply and EndDialog taken and the initia
 removed. Its readers poll every millisecond. What it reaches against pgmq is the most a dialog
 could reach on the machine.
 
+Three more floors add, one after the other, what the broker's guarantees cost at least:
+- with poison detection's record: each receiving transaction also posts its record on a side
+  connection, as the broker's RECEIVE does (floors.sql's receive_record);
+- with the checks as well: each statement also checks what Service Broker checks before it
+  acts (the services, the contract, the message type's direction, the states, the queues
+  enabled, the caller's permission) and RECEIVE returns the names of what it took, each check
+  a join or a condition of the same statement (floors.sql's blocks ending in _checked);
+- with each statement apart: the same, with BEGIN DIALOG and the SEND of message 0, and the
+  target's SEND of the reply and its END CONVERSATION, each a statement of its own, as
+  Service Broker's statements are issued one after the other in a transaction that is not
+  pipelined.
+None of them wakes a waiting reader or keeps replay protection's timestamps.
+
 Before each of our measurements the dialogs of the previous one are removed, and the tables
 are vacuumed and analyzed holding a standing population, as a broker in use holds one (a target
 endpoint stays 30 minutes after its END): 10,000 other dialogs with a message each, waiting on
@@ -48,6 +61,10 @@ PGMQ_OPS = ("pgmq.request_send", "pgmq.request_answer", "pgmq.reply_take")
 FLOOR_OPS = ("bare.dialog_begin", "bare.dialog_answer", "bare.dialog_close")
 RECORDED_FLOOR_OPS = ("bare.dialog_begin", "bare.dialog_answer_recorded",
                       "bare.dialog_close_recorded")
+CHECKED_FLOOR_OPS = ("bare.dialog_begin_checked", "bare.dialog_answer_checked",
+                     "bare.dialog_close_checked")
+APART_FLOOR_OPS = ("bare.dialog_begin_apart", "bare.dialog_answer_apart",
+                   "bare.dialog_close_checked")
 REQUEST_QUEUE, REPLY_QUEUE = "bench_request", "bench_reply"
 PEER_LABEL = "pgmq request/reply over 2 queues (no dialog)"
 STANDING_DIALOGS = 10_000
@@ -85,7 +102,8 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
     budget = time_budget(env.options.seconds)
     # Per side, per round: what each of the three processes did per second.
     stages: dict[str, list[tuple[float, float, float]]] = {
-        "ours": [], "piped": [], "floor": [], "recorded": [], "pgmq": []}
+        "ours": [], "piped": [], "floor": [], "recorded": [], "checked": [],
+        "apart": [], "pgmq": []}
     # Per side, per round: this machine's CPU and the three clients' per completed dialog, µs.
     cpu: dict[str, list[tuple[float, float]]] = {side: [] for side in stages}
     cpu_at_start: float | None = None
@@ -146,6 +164,10 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
         floor("floor", "the floor of a dialog, 1 producer + 2 readers", FLOOR_OPS),
         floor("recorded", "the floor of a dialog with poison detection's record, 1 producer "
               "+ 2 readers", RECORDED_FLOOR_OPS),
+        floor("checked", "the floor of a dialog with the checks and poison detection's "
+              "record, 1 producer + 2 readers", CHECKED_FLOOR_OPS),
+        floor("apart", "the same with each Service Broker statement apart, 1 producer + 2 "
+              "readers", APART_FLOOR_OPS),
         Contender("pgmq", "pgmq request/reply, 1 producer + 2 readers", PGMQ_OPS, 3,
                   OpParams(REQUEST_QUEUE, reply_queue=REPLY_QUEUE),
                   pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s",
@@ -169,10 +191,14 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
         "This machine's CPU per completed dialog, medians over rounds: ours "
         + cpu_medians("ours") + "; pipelined " + cpu_medians("piped") + "; the floor "
         + cpu_medians("floor") + "; the floor with poison detection's record "
-        + cpu_medians("recorded") + "; pgmq " + cpu_medians("pgmq") + ". "
+        + cpu_medians("recorded") + "; the floor with the checks as well "
+        + cpu_medians("checked") + "; the same with each statement apart "
+        + cpu_medians("apart") + "; pgmq " + cpu_medians("pgmq") + ". "
         "Per second, medians over rounds: ours " + stage_medians("ours") + "; pipelined "
         + stage_medians("piped") + "; the floor " + stage_medians("floor")
-        + "; the floor with poison detection's record " + stage_medians("recorded") + "; pgmq "
+        + "; the floor with poison detection's record " + stage_medians("recorded")
+        + "; the floor with the checks as well " + stage_medians("checked")
+        + "; the same with each statement apart " + stage_medians("apart") + "; pgmq "
         + stage_medians("pgmq") + ". Pipelined: each "
         "step in Broker.transaction(pipeline=True), so the SENDs and ENDs after a statement "
         "with an answer travel with the COMMIT. The peer is not a dialog: pgmq has none, so its "
@@ -180,7 +206,9 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
         "read+delete), without endpoints, conversation groups, EndDialog or END CONVERSATION. "
         "The floor is the least any design that keeps the dialog's state writes for the same "
         "three steps, without the broker's checks (bench/floors.sql): the most a dialog could "
-        "reach against pgmq on this machine. "
+        "reach against pgmq on this machine. The floors after it add poison detection's "
+        "record, then Service Broker's checks in the same statements, then each of Service "
+        "Broker's statements as a statement of its own (bench/dialogs.py). "
         f"Our tables held {standing:,} other dialogs with a message each (a broker in use) "
         "when analyzed."
     )
@@ -195,11 +223,16 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
             f"the floor of a dialog{how} (floors.sql), 1 producer + 2 readers", "dialogs/s",
             PEER_LABEL, median(rates["pgmq"]), median(rates[key]), target=goal,
             peer_rounds=rates["pgmq"], ours_rounds=rates[key],
-        ) for key, how in (("floor", ""), ("recorded", " with poison detection's record"))] + [Row(
+        ) for key, how in (("floor", ""), ("recorded", " with poison detection's record"),
+                           ("checked", " with the checks and poison detection's record"),
+                           ("apart", " with the checks and the record, statements apart"))]
+        + [Row(
             f"this machine's CPU per complete dialog{how}", "µs", PEER_LABEL,
             median([c[0] for c in cpu["pgmq"]]), median([c[0] for c in cpu[key]]),
             higher_is_better=False,
             peer_rounds=[c[0] for c in cpu["pgmq"]], ours_rounds=[c[0] for c in cpu[key]],
         ) for key, how in (("ours", ""), ("piped", ", pipelined"), ("floor", ", the floor"),
-                           ("recorded", ", the floor with poison detection's record"))],
+                           ("recorded", ", the floor with poison detection's record"),
+                           ("checked", ", the floor with the checks and the record"),
+                           ("apart", ", the same with the statements apart"))],
     )

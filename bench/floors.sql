@@ -247,3 +247,318 @@ SELECT s.service_queue_id, r.priority, r.conversation_group_id, r.conversation_h
 -- The transport's last write in the sending broker, after the far broker's commit: what
 -- arrived there leaves the transmission queue.
 DELETE FROM broker.transmissions WHERE transmission_id = ANY (%(ids)s::bigint[])
+
+-- dialog_begin_checked --
+WITH new AS (
+    SELECT i.service_id AS initiator_id, t.service_id AS target_id,
+           t.service_queue_id AS target_queue, c.service_contract_id, mt.message_type_id,
+           gen_random_uuid() AS initiator_handle, gen_random_uuid() AS target_handle,
+           gen_random_uuid() AS initiator_group, gen_random_uuid() AS target_group,
+           gen_random_uuid() AS conversation_id,
+           now() AT TIME ZONE 'UTC' AS now
+      FROM broker.service_defs i, broker.service_defs t, broker.contracts c,
+           broker.message_types mt, broker.queues tq
+     WHERE i.name = %(initiator)s AND t.name = %(target)s AND c.name = %(contract)s
+       AND mt.name = %(message_type)s
+       AND tq.object_id = t.service_queue_id AND tq.is_enqueue_enabled
+       AND EXISTS (SELECT 1 FROM broker.service_def_contracts u
+                    WHERE u.service_id = t.service_id
+                      AND u.service_contract_id = c.service_contract_id)
+       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
+                    WHERE u.service_contract_id = c.service_contract_id
+                      AND u.message_type_id = mt.message_type_id AND u.is_sent_by_initiator)
+       AND octet_length(%(body)s::bytea) <= 2147483647
+       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                        WHERE nspname = 'broker'), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM broker.permissions p
+                        WHERE p.class = 17 AND p.major_id = t.service_id
+                          AND p.permission IN ('SEND', 'CONTROL') AND p.state <> 'D'
+                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+), groups AS (
+    INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
+    SELECT initiator_group, initiator_id FROM new
+    UNION ALL SELECT target_group, target_id FROM new
+), sides AS (
+    INSERT INTO broker.endpoints (conversation_handle, conversation_id, is_initiator,
+                                  service_contract_id, conversation_group_id, service_id,
+                                  far_handle, far_service, lifetime, state, created_at,
+                                  send_sequence)
+    SELECT initiator_handle, conversation_id, true, service_contract_id, initiator_group,
+           initiator_id, target_handle, %(target)s, now + interval '2147483647 seconds', 'CO',
+           now, 1
+      FROM new
+    UNION ALL
+    SELECT target_handle, conversation_id, false, service_contract_id, target_group,
+           target_id, initiator_handle, %(initiator)s, now + interval '2147483647 seconds',
+           'CO', now, 0
+      FROM new
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
+       message_type_id, %(body)s, gen_random_uuid(), now
+  FROM new
+
+-- receive_checked --
+WITH q AS (
+    SELECT q.object_id FROM broker.queues q
+     WHERE q.name = %(queue)s AND q.is_receive_enabled
+       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                        WHERE nspname = 'broker'), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM broker.permissions p
+                        WHERE p.class = 1 AND p.major_id = q.object_id
+                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
+                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+), taken_group AS (
+    SELECT g.conversation_group_id
+      FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
+              FROM broker.queue_messages m
+             WHERE m.queue_id = (SELECT object_id FROM q)
+               AND m.status = 1
+             ORDER BY m.priority DESC, m.queuing_order
+             LIMIT %(window)s) m
+      JOIN broker.dialog_groups g ON g.conversation_group_id = m.conversation_group_id
+     ORDER BY m.priority DESC, m.queuing_order
+     LIMIT 1
+       FOR NO KEY UPDATE OF g SKIP LOCKED
+), picked AS (
+    SELECT m.queuing_order
+      FROM broker.queue_messages m
+     WHERE m.conversation_group_id = (SELECT conversation_group_id FROM taken_group)
+       AND m.status = 1
+     ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
+     LIMIT %(top)s
+), taken AS (
+    DELETE FROM broker.queue_messages m
+     USING picked
+     WHERE m.queuing_order = picked.queuing_order
+    RETURNING m.*
+)
+SELECT t.conversation_handle, t.message_type_id, t.message_body, t.message_id,
+       pg_current_xact_id()::text, t.conversation_group_id, t.message_sequence_number,
+       s.name, c.name, mt.name, t.priority, t.queuing_order
+  FROM taken t
+  JOIN broker.service_defs s ON s.service_id = t.service_id
+  JOIN broker.contracts c ON c.service_contract_id = t.service_contract_id
+  JOIN broker.message_types mt ON mt.message_type_id = t.message_type_id
+ ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number
+
+-- dialog_reply_and_end_checked --
+WITH own AS (
+    UPDATE broker.endpoints ce
+       SET send_sequence = send_sequence + 2, end_dialog_sequence = send_sequence + 1,
+           state = 'CD'
+      FROM broker.service_defs os, broker.message_types mt
+     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
+       AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
+                        WHERE t.conversation_handle = ce.conversation_handle)
+       AND os.service_id = ce.service_id AND mt.name = %(message_type)s
+       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
+                    WHERE u.service_contract_id = ce.service_contract_id
+                      AND u.message_type_id = mt.message_type_id
+                      AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
+                               ELSE u.is_sent_by_target END)
+       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                        WHERE nspname = 'broker'), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM broker.permissions p
+                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
+                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
+                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+    RETURNING ce.far_handle, ce.send_sequence - 2 AS sequence, ce.service_contract_id,
+              ce.priority, mt.message_type_id
+), peer AS (
+    UPDATE broker.endpoints p SET state = 'DI'
+      FROM own, broker.service_defs ps, broker.queues pq
+     WHERE p.conversation_handle = own.far_handle AND p.state IN ('SI', 'CO')
+       AND ps.service_id = p.service_id AND pq.object_id = ps.service_queue_id
+       AND pq.is_enqueue_enabled
+    RETURNING p.conversation_handle, p.conversation_group_id, p.service_id, own.sequence,
+              own.service_contract_id, own.priority, own.message_type_id,
+              ps.service_queue_id
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT peer.service_queue_id, peer.priority, peer.conversation_group_id,
+       peer.conversation_handle, peer.sequence + x.n, 2, peer.service_id,
+       peer.service_contract_id, coalesce(x.type_id, peer.message_type_id), x.body,
+       gen_random_uuid(), now() AT TIME ZONE 'UTC'
+  FROM peer
+ CROSS JOIN (VALUES (0, NULL::integer, %(body)s::bytea), (1, 2, NULL::bytea)) AS x(n, type_id, body)
+
+-- dialog_end_checked --
+WITH gone AS (
+    DELETE FROM broker.endpoints ce
+     USING broker.service_defs os
+     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'DI' AND ce.is_initiator
+       AND os.service_id = ce.service_id
+       AND NOT EXISTS (SELECT 1 FROM broker.queue_messages m
+                        WHERE m.conversation_handle = ce.conversation_handle)
+       AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
+                        WHERE t.conversation_handle = ce.conversation_handle)
+       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                        WHERE nspname = 'broker'), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM broker.permissions p
+                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
+                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
+                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+    RETURNING ce.conversation_group_id
+)
+DELETE FROM broker.dialog_groups g
+ USING gone
+ WHERE g.conversation_group_id = gone.conversation_group_id
+   AND NOT EXISTS (SELECT 1 FROM broker.endpoints o
+                    WHERE o.conversation_group_id = gone.conversation_group_id
+                      AND o.conversation_handle <> %(handle)s)
+
+-- dialog_reply_checked --
+-- The target's SEND of the reply alone, with its checks, as a statement of its own: Service
+-- Broker's SEND and END CONVERSATION are two statements, and a transaction that is not
+-- pipelined sends them one after the other.
+WITH own AS (
+    UPDATE broker.endpoints ce
+       SET send_sequence = send_sequence + 1
+      FROM broker.service_defs os, broker.message_types mt
+     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
+       AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
+                        WHERE t.conversation_handle = ce.conversation_handle)
+       AND os.service_id = ce.service_id AND mt.name = %(message_type)s
+       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
+                    WHERE u.service_contract_id = ce.service_contract_id
+                      AND u.message_type_id = mt.message_type_id
+                      AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
+                               ELSE u.is_sent_by_target END)
+       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                        WHERE nspname = 'broker'), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM broker.permissions p
+                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
+                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
+                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+    RETURNING ce.far_handle, ce.send_sequence - 1 AS sequence, ce.service_contract_id,
+              ce.priority, mt.message_type_id
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT ps.service_queue_id, own.priority, p.conversation_group_id, p.conversation_handle,
+       own.sequence, 2, p.service_id, own.service_contract_id, own.message_type_id,
+       %(body)s, gen_random_uuid(), now() AT TIME ZONE 'UTC'
+  FROM own
+  JOIN broker.endpoints p ON p.conversation_handle = own.far_handle
+                         AND p.state NOT IN ('DO', 'CD')
+  JOIN broker.service_defs ps ON ps.service_id = p.service_id
+  JOIN broker.queues pq ON pq.object_id = ps.service_queue_id AND pq.is_enqueue_enabled
+
+-- dialog_end_target_checked --
+-- The target's END CONVERSATION after its reply, with its checks, as a statement of its own:
+-- its endpoint numbered and closed, the initiator's marked as ended by its peer, the EndDialog
+-- on the initiator's queue.
+WITH own AS (
+    UPDATE broker.endpoints ce
+       SET send_sequence = send_sequence + 1, end_dialog_sequence = send_sequence,
+           state = 'CD'
+      FROM broker.service_defs os
+     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
+       AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
+                        WHERE t.conversation_handle = ce.conversation_handle)
+       AND os.service_id = ce.service_id
+       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                        WHERE nspname = 'broker'), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM broker.permissions p
+                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
+                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
+                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+    RETURNING ce.far_handle, ce.send_sequence - 1 AS sequence, ce.service_contract_id,
+              ce.priority
+), peer AS (
+    UPDATE broker.endpoints p SET state = 'DI'
+      FROM own, broker.service_defs ps, broker.queues pq
+     WHERE p.conversation_handle = own.far_handle AND p.state IN ('SI', 'CO')
+       AND ps.service_id = p.service_id AND pq.object_id = ps.service_queue_id
+       AND pq.is_enqueue_enabled
+    RETURNING p.conversation_handle, p.conversation_group_id, p.service_id, own.sequence,
+              own.service_contract_id, own.priority, ps.service_queue_id
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT service_queue_id, priority, conversation_group_id, conversation_handle, sequence, 2,
+       service_id, service_contract_id, 2, NULL, gen_random_uuid(), now() AT TIME ZONE 'UTC'
+  FROM peer
+
+-- begin_dialog_checked --
+-- BEGIN DIALOG alone, with its checks, as a statement of its own (SEND is another): the
+-- initiator's endpoint, STARTED_OUTBOUND, in a conversation group of its own.
+WITH new AS (
+    SELECT i.service_id, c.service_contract_id, now() AT TIME ZONE 'UTC' AS now
+      FROM broker.service_defs i, broker.contracts c
+     WHERE i.name = %(initiator)s AND c.name = %(contract)s
+), grouped AS (
+    INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
+    SELECT %(group)s, service_id FROM new
+)
+INSERT INTO broker.endpoints (conversation_handle, conversation_id, is_initiator,
+                              service_contract_id, conversation_group_id, service_id,
+                              far_service, lifetime, state, created_at, send_sequence)
+SELECT %(handle)s, gen_random_uuid(), true, service_contract_id, %(group)s, service_id,
+       %(target)s, now + interval '2147483647 seconds', 'SO', now, 0
+  FROM new
+
+-- send_first_checked --
+-- SEND of message 0, with its checks, as a statement of its own: the target service found by
+-- name, its queue enabled, the contract its own, the message type the initiator's to send and
+-- the sender allowed to send to it; the target's endpoint created in a group of its own, the
+-- message stored on its queue and the initiator's endpoint opened and numbered.
+WITH own AS (
+    SELECT ce.conversation_handle, ce.conversation_id, ce.service_contract_id, ce.service_id,
+           t.service_id AS target_id, t.service_queue_id AS target_queue, mt.message_type_id,
+           gen_random_uuid() AS target_handle, gen_random_uuid() AS target_group,
+           now() AT TIME ZONE 'UTC' AS now
+      FROM broker.endpoints ce
+      JOIN broker.service_defs t ON t.name = ce.far_service
+      JOIN broker.queues tq ON tq.object_id = t.service_queue_id AND tq.is_enqueue_enabled
+      JOIN broker.message_types mt ON mt.name = %(message_type)s
+     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'SO'
+       AND EXISTS (SELECT 1 FROM broker.service_def_contracts u
+                    WHERE u.service_id = t.service_id
+                      AND u.service_contract_id = ce.service_contract_id)
+       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
+                    WHERE u.service_contract_id = ce.service_contract_id
+                      AND u.message_type_id = mt.message_type_id AND u.is_sent_by_initiator)
+       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                        WHERE nspname = 'broker'), 'MEMBER')
+            OR EXISTS (SELECT 1 FROM broker.permissions p
+                        WHERE p.class = 17 AND p.major_id = t.service_id
+                          AND p.permission IN ('SEND', 'CONTROL') AND p.state <> 'D'
+                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+       FOR NO KEY UPDATE OF ce
+), opened AS (
+    UPDATE broker.endpoints ce
+       SET state = 'CO', send_sequence = 1, far_handle = own.target_handle
+      FROM own
+     WHERE ce.conversation_handle = own.conversation_handle
+), grouped AS (
+    INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
+    SELECT target_group, target_id FROM own
+), target AS (
+    INSERT INTO broker.endpoints (conversation_handle, conversation_id, is_initiator,
+                                  service_contract_id, conversation_group_id, service_id,
+                                  far_handle, far_service, lifetime, state, created_at,
+                                  send_sequence)
+    SELECT target_handle, conversation_id, false, service_contract_id, target_group,
+           target_id, conversation_handle, %(initiator)s,
+           now + interval '2147483647 seconds', 'CO', now, 0
+      FROM own
+)
+INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
+       message_type_id, %(body)s, gen_random_uuid(), now
+  FROM own

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -99,8 +100,11 @@ def with_settings(dsn: str, **settings: str) -> str:
 
 # The floors' readers plan as the broker's RECEIVE does: without sequential scans, and so
 # without JIT, as the broker's functions run (disabled scans raise the estimated costs past
-# jit_above_cost).
-FLOOR_READER_SETTINGS = {"enable_seqscan": "off", "jit": "off"}
+# jit_above_cost); and once, with a generic plan, as its take of the messages does (a custom
+# plan of a RECEIVE that also checks its queue was estimated cheaper than the generic one, and
+# planned again on every call: 0.6 ms).
+FLOOR_READER_SETTINGS = {"enable_seqscan": "off", "jit": "off",
+                         "plan_cache_mode": "force_generic_plan"}
 
 
 class _Connected:
@@ -182,10 +186,12 @@ class SendFloorBatch(_FloorStatement):
 RECEIVE_WINDOWS = (16, 256, 4096)
 
 
-def receive_floor(conn: Conn, queue: str, top: int | None) -> list[TupleRow]:
-    """floors.sql's RECEIVE in the caller's transaction."""
+def receive_floor(conn: Conn, queue: str, top: int | None,
+                  block: str = "receive") -> list[TupleRow]:
+    """floors.sql's RECEIVE (or ``block``, another of its RECEIVEs) in the caller's
+    transaction."""
     for window in RECEIVE_WINDOWS:
-        taken = conn.execute(floors()["receive"],
+        taken = conn.execute(floors()[block],
                              {"queue": queue, "top": top, "window": window}).fetchall()
         if taken:
             return taken
@@ -208,14 +214,38 @@ class ReceiveFloor(_Connected):
 
 class DialogFloorBegin(_FloorStatement):
     """h's floor, the initiator: BEGIN DIALOG and SEND the request (floors.sql), one
-    transaction per dialog."""
+    transaction per dialog; ``checked``: with the checks any design keeping Service Broker's
+    rules makes (dialog_begin_checked)."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams, checked: bool = False) -> None:
+        super().__init__(dsn, worker, params)
+        initiator, target, contract = params.dialog
+        self.query = floors()["dialog_begin_checked" if checked else "dialog_begin"]
+        self.params = {"initiator": initiator, "target": target, "contract": contract,
+                       "message_type": params.message_type, "body": self.body}
+
+
+class DialogFloorBeginApart(_Connected):
+    """h's floor with the checks, the initiator, its BEGIN DIALOG and its SEND of message 0 a
+    statement each (floors.sql's begin_dialog_checked and send_first_checked), as Service
+    Broker's API issues them."""
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, worker, params)
-        initiator, target, contract = params.dialog
-        self.query = floors()["dialog_begin"]
-        self.params = {"initiator": initiator, "target": target, "contract": contract,
-                       "message_type": params.message_type, "body": self.body}
+        self.initiator, self.target, self.contract = params.dialog
+        self.message_type = params.message_type
+
+    def __call__(self) -> int:
+        handle = uuid.uuid4()
+        with self.conn.transaction():
+            self.conn.execute(floors()["begin_dialog_checked"],
+                              {"initiator": self.initiator, "target": self.target,
+                               "contract": self.contract, "handle": handle,
+                               "group": uuid.uuid4()})
+            self.conn.execute(floors()["send_first_checked"],
+                              {"handle": handle, "initiator": self.initiator,
+                               "message_type": self.message_type, "body": self.body})
+        return 1
 
 
 class _PollingFloorReader(_Connected):
@@ -231,9 +261,13 @@ class _PollingFloorReader(_Connected):
     SETTINGS = FLOOR_READER_SETTINGS
 
     def __init__(self, dsn: str, worker: int, params: OpParams, queue: str,
-                 top: int | None = None, recorded: bool = False) -> None:
+                 top: int | None = None, recorded: bool = False,
+                 checked: bool = False) -> None:
         super().__init__(dsn, worker, params)
         self.queue, self.top = queue, top
+        # The statements with the checks any design keeping Service Broker's rules makes
+        # (floors.sql's blocks ending in _checked).
+        self.suffix = "_checked" if checked else ""
         self.wait = params.wait
         self.message_type = params.message_type
         self.side: SideChannel | None = None
@@ -267,7 +301,8 @@ class _PollingFloorReader(_Connected):
         deadline = time.monotonic() + self.wait
         while True:
             with self.conn.transaction():
-                taken = receive_floor(self.conn, self.queue, self.top)
+                taken = receive_floor(self.conn, self.queue, self.top,
+                                      "receive" + self.suffix)
                 if taken:
                     self.record(taken)
                     return self.act(taken)
@@ -289,14 +324,20 @@ class DialogFloorAnswer(_PollingFloorReader):
     transaction."""
 
     def __init__(self, dsn: str, worker: int, params: OpParams,
-                 recorded: bool = False) -> None:
-        super().__init__(dsn, worker, params, params.queue, recorded=recorded)
+                 recorded: bool = False, checked: bool = False) -> None:
+        super().__init__(dsn, worker, params, params.queue, recorded=recorded, checked=checked)
+
+    # The statements of the reply and the END: one, or (``apart``) SEND and END CONVERSATION
+    # each as a statement of its own, as Service Broker's API issues them.
+    apart = False
 
     def act(self, taken: list[TupleRow]) -> int:
+        params = {"message_type": self.message_type, "body": self.body}
+        statements = (("dialog_reply_checked", "dialog_end_target_checked") if self.apart
+                      else ("dialog_reply_and_end" + self.suffix,))
         for handle, *_ in taken:
-            self.conn.execute(floors()["dialog_reply_and_end"],
-                              {"handle": handle, "message_type": self.message_type,
-                               "body": self.body})
+            for statement in statements:
+                self.conn.execute(floors()[statement], {"handle": handle, **params})
         return len(taken)
 
 
@@ -305,8 +346,9 @@ class DialogFloorClose(_PollingFloorReader):
     transaction; returns the dialogs completed."""
 
     def __init__(self, dsn: str, worker: int, params: OpParams,
-                 recorded: bool = False) -> None:
-        super().__init__(dsn, worker, params, params.reply_queue, recorded=recorded)
+                 recorded: bool = False, checked: bool = False) -> None:
+        super().__init__(dsn, worker, params, params.reply_queue, recorded=recorded,
+                         checked=checked)
 
     def act(self, taken: list[TupleRow]) -> int:
         ended = [handle for handle, message_type, *_ in taken
@@ -314,7 +356,7 @@ class DialogFloorClose(_PollingFloorReader):
         if len(taken) != 2 * len(ended):
             raise RuntimeError(f"expected a reply and an EndDialog per dialog, got {taken}")
         for handle in ended:
-            self.conn.execute(floors()["dialog_end"], {"handle": handle})
+            self.conn.execute(floors()["dialog_end" + self.suffix], {"handle": handle})
         return len(ended)
 
 
@@ -330,3 +372,31 @@ class DialogFloorCloseRecorded(DialogFloorClose):
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         super().__init__(dsn, worker, params, recorded=True)
+
+
+class DialogFloorBeginChecked(DialogFloorBegin):
+    """h's floor with the checks, the initiator."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, checked=True)
+
+
+class DialogFloorAnswerChecked(DialogFloorAnswer):
+    """h's floor with the checks and poison detection's record, the target reader."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, recorded=True, checked=True)
+
+
+class DialogFloorAnswerApart(DialogFloorAnswerChecked):
+    """h's floor with the checks and poison detection's record, the target reader, its SEND
+    and its END CONVERSATION a statement each."""
+
+    apart = True
+
+
+class DialogFloorCloseChecked(DialogFloorClose):
+    """h's floor with the checks and poison detection's record, the initiator-side reader."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, recorded=True, checked=True)

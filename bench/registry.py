@@ -6,9 +6,14 @@ from bench import ours_ops, pgmq_ops
 from bench.ops import (
     BareInsert,
     DialogFloorAnswer,
+    DialogFloorAnswerApart,
+    DialogFloorAnswerChecked,
     DialogFloorAnswerRecorded,
     DialogFloorBegin,
+    DialogFloorBeginApart,
+    DialogFloorBeginChecked,
     DialogFloorClose,
+    DialogFloorCloseChecked,
     DialogFloorCloseRecorded,
     OpFactory,
     ReceiveFloor,
@@ -45,6 +50,11 @@ LOAD_OPS: dict[str, OpFactory] = {
     "bare.dialog_close": DialogFloorClose,
     "bare.dialog_answer_recorded": DialogFloorAnswerRecorded,
     "bare.dialog_close_recorded": DialogFloorCloseRecorded,
+    "bare.dialog_begin_checked": DialogFloorBeginChecked,
+    "bare.dialog_answer_checked": DialogFloorAnswerChecked,
+    "bare.dialog_answer_apart": DialogFloorAnswerApart,
+    "bare.dialog_begin_apart": DialogFloorBeginApart,
+    "bare.dialog_close_checked": DialogFloorCloseChecked,
 }
 
 STEPPERS: dict[str, StepperFactory] = {
