@@ -30,6 +30,8 @@ from airflow_broker.validation import MessageTypeInfo
 from airflow_broker.waitfor import WakeUps
 
 TUPLES_OK = ExecStatus.TUPLES_OK
+# The side connection's prepared statement of poison detection's record.
+REGISTER_RECEIVE = b"airflow_broker_register_receive"
 
 
 @dataclass
@@ -103,11 +105,13 @@ class Shared:
 
     def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],
                          backend_pid: int) -> None:
-        # Rendered by hand: every value is an integer or a UUID (nothing to quote), and
-        # psycopg's adaptation of a UUID array cost more than the rest of the call.
+        # The values in text, rendered by hand: each is an integer or a UUID (nothing to
+        # quote), and psycopg's adaptation of a UUID array cost more than the rest of the call.
         ids = ",".join(str(m) for m in message_ids)
-        self.side.post(self.queries["register_receive"] % (
-            int(queue_id), int(xid), ids.encode(), int(backend_pid)))
+        self.side.post_prepared(
+            REGISTER_RECEIVE, self.queries["register_receive"],
+            [b"%d" % int(queue_id), b"%d" % int(xid), b"{%s}" % ids.encode(),
+             b"%d" % int(backend_pid)])
 
     def resolve_receives(self, queue_ids: set[int]) -> None:
         for queue_id in sorted(queue_ids):

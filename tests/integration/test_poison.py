@@ -102,6 +102,68 @@ def test_T_PM_01_five_rollbacks_disable_the_queue(watched: App) -> None:
     assert is_enabled(broker)
 
 
+def test_T_PM_01_rollbacks_count_after_the_record_connection_was_lost(watched: App) -> None:
+    """The records go on a connection of the Broker's own, as a statement prepared there: when
+    that connection is lost, the next record opens another and prepares it again."""
+    broker = watched.broker
+    fill(watched)
+    fail_once(broker)
+    fail_once(broker)
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
+            [f"{broker.application_name}-side"]).fetchone()
+    assert ended == (1,)
+    for attempt in range(2):
+        fail_once(broker)
+        assert is_enabled(broker), f"disabled after {attempt + 3} rollbacks"
+    fail_once(broker)
+    assert not is_enabled(broker)
+
+
+def test_T_PM_01_a_record_lost_with_its_connection_is_sent_again(watched: App) -> None:
+    """The side connection is lost while a record waits on the server: the record goes again
+    on a new connection, and the rollback counts."""
+    broker = watched.broker
+    fill(watched)
+    side = f"{broker.application_name}-side"
+    with psycopg.connect(broker.dsn) as blocker:
+        # The records of a queue are written one at a time, under this lock: holding it keeps
+        # the record waiting on the server.
+        blocker.execute("SELECT pg_advisory_xact_lock(hashtext('broker.register'), object_id)"
+                        " FROM broker.service_queues WHERE name = 'q_t'")
+        with pytest.raises(RuntimeError), broker.transaction() as tx:
+            assert tx.receive("q_t", 1)
+            deadline = time.monotonic() + 10
+            while count(broker, "SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                                " = %s AND wait_event = 'advisory'", (side,)) == 0:
+                assert time.monotonic() < deadline, "the record never waited for the lock"
+                time.sleep(0.01)
+            assert count(broker, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))"
+                                 " FROM pg_stat_activity WHERE application_name = %s",
+                         (side,)) == 1
+            blocker.rollback()
+            raise RuntimeError("processing fails")
+    for attempt in range(4):
+        assert is_enabled(broker), f"disabled after {attempt + 1} rollbacks"
+        fail_once(broker)
+    assert not is_enabled(broker)
+
+
+def test_a_record_sent_twice_holds_its_messages_once(app: App) -> None:
+    message_ids = [uuid.uuid4(), uuid.uuid4()]
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        queue_id = conn.execute("SELECT object_id FROM broker.service_queues"
+                                " WHERE name = 'q_t'").fetchone()
+        for ids in (message_ids, message_ids, message_ids[1:]):
+            conn.execute("SELECT broker.register_receive(%s, '123456'::xid8, %s, 1)",
+                         [queue_id[0] if queue_id else None, ids])
+        kept = conn.execute("SELECT message_ids FROM broker.receive_log"
+                            " WHERE xid = '123456'::xid8").fetchall()
+    assert kept == [(message_ids,)]
+
+
 def test_T_PM_01_pipelined_rollbacks_count_as_any_others(watched: App) -> None:
     """A pipelined transaction (pipeline=True) records its RECEIVE for poison detection as any
     transaction does: five rollbacks of it disable the queue, and a commit resets the count."""

@@ -21,8 +21,7 @@ SOURCES = [p for folder in ("airflow_broker", "hooks", "operators", "sensors", "
 # queries["name"], _rows(conn, "name", ...), self.rows("name", ...), self._query("name")
 NAMED = re.compile(r'(?:queries\[|_rows\(\s*(?:conn,\s*)?|\.rows\(\s*|_query\(\s*)"(\w+)"')
 # Filled in with Python's bytes formatting, not sent with parameters.
-FORMATTED = {"register_receive": (1, 2, b"00000000-0000-0000-0000-000000000000", 3),
-             "resolve_receives": 1}
+FORMATTED = {"resolve_receives": 1}
 
 
 def named_in_code() -> set[str]:

@@ -26,10 +26,14 @@ BEGIN
     -- become visible and the resolver never meets an earlier one after a later one. (The
     -- side connection runs in autocommit: the lock lasts this statement.)
     PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '.register'), p_queue_id);
+    -- A record is sent again when its connection was lost before its answer came, and may
+    -- have been written the first time: the ids it already holds are not added twice.
     INSERT INTO receive_log (queue_id, xid, message_ids, backend_pid, received_at)
     VALUES (p_queue_id, p_xid, p_message_ids, p_backend_pid, utc_now())
     ON CONFLICT (queue_id, xid)
-    DO UPDATE SET message_ids = receive_log.message_ids || EXCLUDED.message_ids;
+    DO UPDATE SET message_ids = receive_log.message_ids
+                                || ARRAY(SELECT m FROM unnest(EXCLUDED.message_ids) m
+                                          WHERE m <> ALL (receive_log.message_ids));
 END
 $$;
 

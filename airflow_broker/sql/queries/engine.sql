@@ -10,10 +10,9 @@ SELECT (r.message).*, pg_current_xact_id_if_assigned()::text, r.queue_object_id,
 FROM {schema}.receive_with_queue(%s::text, %s::bigint, %s::uuid, %s::uuid) r
 
 -- register_receive --
--- Poison detection's record of a receiving transaction, on the side connection. Filled in
--- with Python's bytes formatting (integers and UUIDs only): queue id, xid, message ids,
--- backend pid.
-SELECT {schema}.register_receive(%d, '%d'::xid8, '{%s}'::uuid[], %d)
+-- Poison detection's record of a receiving transaction, on the side connection, where it is
+-- prepared once and sent with its values in text: queue id, xid, message ids, backend pid.
+SELECT {schema}.register_receive($1::integer, $2::xid8, $3::uuid[], $4::integer)
 
 -- resolve_receives --
 -- Counts a rolled-back receive of a queue at once (bytes formatting: the queue id).
