@@ -103,10 +103,10 @@ RETURNING m.conversation_handle, m.message_type_id, m.message_body, m.message_id
 -- Poison detection's record of a receiving transaction: the least it writes, one row, on a
 -- connection of its own in autocommit, so that the record outlives the transaction's rollback
 -- and its process's death (what the broker's register_receive() writes, without its check of
--- the reader's permission and its lock). Filled in with Python's bytes formatting, as the
--- broker's (integers and UUIDs only): queue id, xid, message ids, backend pid.
+-- the reader's permission and its lock). Prepared on the side connection and sent with its
+-- values in text, as the broker's: queue id, xid, message ids, backend pid.
 INSERT INTO broker.receive_log (queue_id, xid, message_ids, backend_pid, received_at)
-VALUES (%d, '%d'::xid8, '{%s}'::uuid[], %d, now() AT TIME ZONE 'UTC')
+VALUES ($1::integer, $2::xid8, $3::uuid[], $4::integer, now() AT TIME ZONE 'UTC')
 
 -- dialog_reply_and_end --
 -- The target's SEND of the reply and its END CONVERSATION: its endpoint numbered and closed,

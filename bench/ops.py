@@ -198,18 +198,64 @@ def receive_floor(conn: Conn, queue: str, top: int | None,
     return []
 
 
+class ReceiveRecorder:
+    """Poison detection's record of a floor reader's receiving transactions (floors.sql's
+    receive_record), as the broker's RECEIVE keeps it: prepared on a side connection in
+    autocommit and posted there without waiting for it, its answer read before the next one is
+    posted, through the broker's own side channel (airflow_broker.poison.detection). The rows
+    taken carry the message id and the transaction id as their fourth and fifth columns."""
+
+    def __init__(self, dsn: str, conn: Conn, queue: str) -> None:
+        self.conn = conn
+        row = conn.execute("SELECT object_id FROM broker.queues WHERE name = %s",
+                           [queue]).fetchone()
+        conn.commit()
+        if row is None:
+            raise RuntimeError(f"no queue {queue}")
+        self.queue_id = int(str(row[0]))
+        self.side = SideChannel(dsn, "bench-floor-reader", None)
+        self.query = floors()["receive_record"].encode()
+
+    def record(self, taken: list[TupleRow]) -> None:
+        ids = ",".join(str(row[3]) for row in taken)
+        self.side.post_prepared(b"bench_receive_record", self.query, [
+            b"%d" % self.queue_id, str(taken[0][4]).encode(), b"{%s}" % ids.encode(),
+            b"%d" % self.conn.info.backend_pid])
+
+    def close(self) -> None:
+        self.side.close()
+
+
 class ReceiveFloor(_Connected):
-    """c's floor: RECEIVE TOP(batch) (floors.sql) and commit."""
+    """c's floor: RECEIVE TOP(batch) (floors.sql) and commit; ``checked``: with the checks
+    Service Broker's RECEIVE makes (receive_checked) and poison detection's record."""
 
     SETTINGS = FLOOR_READER_SETTINGS
 
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+    def __init__(self, dsn: str, worker: int, params: OpParams, checked: bool = False) -> None:
         super().__init__(dsn, worker, params)
         self.queue, self.top = params.queue, params.batch
+        self.block = "receive_checked" if checked else "receive"
+        self.recorder = ReceiveRecorder(dsn, self.conn, self.queue) if checked else None
 
     def __call__(self) -> int:
         with self.conn.transaction():
-            return len(receive_floor(self.conn, self.queue, self.top))
+            taken = receive_floor(self.conn, self.queue, self.top, self.block)
+            if taken and self.recorder is not None:
+                self.recorder.record(taken)
+            return len(taken)
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+        super().close()
+
+
+class ReceiveFloorChecked(ReceiveFloor):
+    """c's floor with the checks and poison detection's record."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params, checked=True)
 
 
 class DialogFloorBegin(_FloorStatement):
@@ -254,9 +300,7 @@ class _PollingFloorReader(_Connected):
     there are none, up to ``wait`` seconds, as pgmq's readers poll (0 messages then).
 
     ``recorded``: each receiving transaction also keeps poison detection's record
-    (floors.sql's receive_record), as the broker's RECEIVE does: posted on a side connection
-    in autocommit without waiting for it, its answer read before the next one is posted,
-    through the broker's own side channel (airflow_broker.poison.detection)."""
+    (ReceiveRecorder)."""
 
     SETTINGS = FLOOR_READER_SETTINGS
 
@@ -270,27 +314,15 @@ class _PollingFloorReader(_Connected):
         self.suffix = "_checked" if checked else ""
         self.wait = params.wait
         self.message_type = params.message_type
-        self.side: SideChannel | None = None
-        if recorded:
-            row = self.conn.execute("SELECT object_id FROM broker.queues WHERE name = %s",
-                                    [queue]).fetchone()
-            self.conn.commit()
-            if row is None:
-                raise RuntimeError(f"no queue {queue}")
-            self.queue_id = int(str(row[0]))
-            self.side = SideChannel(dsn, "bench-floor-reader", None)
-            self.record_query = floors()["receive_record"].encode()
+        self.recorder = ReceiveRecorder(dsn, self.conn, queue) if recorded else None
 
     def record(self, taken: list[TupleRow]) -> None:
-        if self.side is None:
-            return
-        ids = ",".join(str(row[3]) for row in taken)
-        self.side.post(self.record_query % (self.queue_id, int(str(taken[0][4])), ids.encode(),
-                                            self.conn.info.backend_pid))
+        if self.recorder is not None:
+            self.recorder.record(taken)
 
     def close(self) -> None:
-        if self.side is not None:
-            self.side.close()
+        if self.recorder is not None:
+            self.recorder.close()
         super().close()
 
     def act(self, taken: list[TupleRow]) -> int:

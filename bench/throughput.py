@@ -194,7 +194,9 @@ def receive_one(env: Env) -> Scenario:
     peers = [("read", "pgmq read+delete", "pgmq.read_delete"), ("pop", "pgmq.pop", "pgmq.pop")]
     ours = (("ours", "ours RECEIVE", "ours.receive"),
             ("auto", "ours autocommit RECEIVE", "ours.receive_autocommit"),
-            ("floor", "the floor of RECEIVE", "bare.receive_floor"))
+            ("floor", "the floor of RECEIVE", "bare.receive_floor"),
+            ("checked", "the floor of RECEIVE with the checks and the record",
+             "bare.receive_floor_checked"))
     contenders = []
     for workers in (1, 2):
         contenders += receive_contenders(env, "recv1", 1, 3_000, 500_000, workers, peers, ours)
@@ -215,7 +217,13 @@ def receive_one(env: Env) -> Scenario:
                 ("floor", "the floor of RECEIVE TOP(1)+commit (floors.sql)", "read",
                  "pgmq read+delete", read_target),
                 ("floor", "the floor of RECEIVE TOP(1)+commit (floors.sql)", "pop", "pgmq.pop",
-                 pop_target)):
+                 pop_target),
+                # With what the broker's guarantees cost at least: Service Broker's checks in
+                # the same statement, and poison detection's record on a side connection.
+                ("checked", "the floor of RECEIVE TOP(1)+commit with the checks and the record",
+                 "read", "pgmq read+delete", read_target),
+                ("checked", "the floor of RECEIVE TOP(1)+commit with the checks and the record",
+                 "pop", "pgmq.pop", pop_target)):
             scenario.rows.append(Row(
                 f"{ours_label}, {who}", "msg/s", label,
                 median(rates[f"{key}{workers}"]), median(rates[f"{ours_key}{workers}"]),
