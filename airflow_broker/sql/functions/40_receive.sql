@@ -4,27 +4,15 @@
 -- statement waits for the lock. WAITFOR is the Python API's loop around these functions.
 
 -- The queue a RECEIVE or GET CONVERSATION GROUP reads, checked for existence and availability.
--- Every RECEIVE runs this, so the common case takes no nested call: the isolation level read
--- in place (check_isolation() raises), and the one queue of that name found by one statement
--- (find_queue() decides the rest: a name two schemas share, a schema-qualified name, none).
 CREATE OR REPLACE FUNCTION receivable_queue(p_queue text) RETURNS queues
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     q queues;
 BEGIN
-    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted')
-    THEN
-        PERFORM check_isolation();
-    END IF;
-    SELECT q1.* INTO q FROM queues q1
-     WHERE q1.name = p_queue
-       AND NOT EXISTS (SELECT 1 FROM queues q2
-                        WHERE q2.name = p_queue AND q2.object_id <> q1.object_id);
-    IF NOT FOUND THEN
-        q := find_queue(p_queue);
-        IF q.object_id IS NULL THEN
-            PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
-        END IF;
+    PERFORM check_isolation();
+    q := find_queue(p_queue);
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
     END IF;
     -- RECEIVE on the queue, checked here rather than through require_on_queue(): a nested
     -- call fewer on every RECEIVE.
@@ -174,9 +162,7 @@ CREATE OR REPLACE FUNCTION receive_with_queue(
 RETURNS TABLE (message received_message, queue_object_id integer,
                queue_poison_handling boolean)
 LANGUAGE plpgsql SET search_path FROM CURRENT
--- As lock_next_group() and take_messages() plan the statements this runs in their place.
-SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
-SET enable_bitmapscan = off SET enable_sort = off AS $$
+SET enable_seqscan = off AS $$
 DECLARE
     q queues := receivable_queue(p_queue);
     v_limit bigint := coalesce(p_top, 9223372036854775807);
@@ -224,56 +210,6 @@ BEGIN
     -- The queue monitor learns from these two counters that RECEIVEs happen, and when they
     -- come back empty (sequences are not transactional, so no reader waits for another).
     PERFORM nextval(q.receive_counter);
-    IF NOT q.is_retention_enabled THEN
-        -- The common RECEIVE, without a nested call: the first free group among the queue's
-        -- first ready messages locked, as lock_next_group() does first, and its messages
-        -- taken, as take_messages() takes them, each statement in place. Two statements, so
-        -- the take reads the group after its lock. When no group is free there, or the one
-        -- locked has been emptied meanwhile, the loop below decides.
-        -- explain receive_fast_group: q.object_id integer
-        SELECT g.conversation_group_id INTO v_group
-          FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
-                  FROM queue_messages m
-                 WHERE m.queue_id = q.object_id AND m.status = 1
-                 ORDER BY m.priority DESC, m.queuing_order
-                 LIMIT 16) m
-          JOIN dialog_groups g ON g.conversation_group_id = m.conversation_group_id
-         ORDER BY m.priority DESC, m.queuing_order
-         LIMIT 1
-           FOR NO KEY UPDATE OF g SKIP LOCKED;
-        IF v_group IS NOT NULL THEN
-            -- explain receive_fast_take: v_group uuid, q.object_id integer, v_limit bigint,
-            --   q.is_poison_message_handling_enabled boolean
-            RETURN QUERY
-            WITH picked AS (
-                SELECT m.queuing_order FROM queue_messages m
-                 WHERE m.conversation_group_id = v_group AND m.queue_id = q.object_id
-                   AND m.status = 1
-                 ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
-                 LIMIT v_limit),
-            taken AS (
-                DELETE FROM queue_messages m
-                 WHERE m.queuing_order = ANY (ARRAY(SELECT queuing_order FROM picked))
-                RETURNING m.*)
-            SELECT ROW(1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
-                       t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
-                       c.name, t.service_contract_id, mt.name, t.message_type_id,
-                       CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E'
-                                               ELSE 'X' END,
-                       t.message_body, t.message_id, coalesce(a.attempts, 0))::received_message,
-                   q.object_id, q.is_poison_message_handling_enabled
-              FROM taken t
-              JOIN service_defs s ON s.service_id = t.service_id
-              JOIN contracts c ON c.service_contract_id = t.service_contract_id
-              JOIN message_types mt ON mt.message_type_id = t.message_type_id
-              LEFT JOIN message_attempts a ON a.message_id = t.message_id
-             ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
-            GET DIAGNOSTICS v_rows = ROW_COUNT;
-            IF v_rows > 0 OR v_limit = 0 THEN
-                RETURN;
-            END IF;
-        END IF;
-    END IF;
     -- A group chosen from an older snapshot may have been emptied by the reader that held it
     -- just before; then the next group is tried.
     FOR attempt IN 1 .. 16 LOOP
