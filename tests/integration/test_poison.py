@@ -402,3 +402,22 @@ def test_a_reader_that_cannot_record_its_receives_is_refused(app: App, reader_ro
         BrokerWorker(app.broker).run_once()
     assert count(app.broker, "SELECT consecutive_rollbacks FROM broker.queues"
                              " WHERE name = 'q_t'") == 1
+
+
+def test_a_rollback_whose_count_cannot_be_resolved_at_once_keeps_its_own_error(
+        app: App, caplog: pytest.LogCaptureFixture) -> None:
+    """A rolled-back receive is resolved at once on the side connection. When that statement
+    fails (here: EXECUTE on resolve_receives taken from PUBLIC), the failure is logged, the
+    transaction's own error reaches the caller, and the record stays for the worker to
+    count."""
+    fill(app, 2)
+    with roles.role(app.broker.dsn, *roles.APPLICATION_GRANTS,
+                    "REVOKE EXECUTE ON FUNCTION broker.resolve_receives(integer) FROM PUBLIC",
+                    prefix="reader") as reader_role, \
+            Broker(app.broker.dsn, role=reader_role) as reader:
+        fail_once(reader)
+    assert any("resolve_receives" in r.getMessage() and r.levelname == "ERROR"
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    BrokerWorker(app.broker).run_once()
+    assert count(app.broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                             " WHERE name = 'q_t'") == 1
