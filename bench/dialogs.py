@@ -142,32 +142,27 @@ def _measure(env: Env, target: ours_setup.Target, initiator: ours_setup.Target,
 
         return after
 
-    def ours(key: str, label: str, pipeline: bool) -> Contender:
-        return Contender(
-            key, label, OURS_OPS, 3,
-            OpParams(target.queue, reply_queue=initiator.queue,
-                     dialog=(initiator.service, target.service, ours_setup.CONTRACT),
-                     pipeline=pipeline),
-            ours_ready, note_stages(key), _completed, "dialogs/s", before_go=cpu_start)
-
-    def floor(key: str, label: str, ops: tuple[str, str, str]) -> Contender:
+    def on_our_tables(key: str, label: str, ops: tuple[str, str, str],
+                      pipeline: bool = False) -> Contender:
+        """Ours or one of the floors: the same dialogs, on our tables."""
         return Contender(
             key, label, ops, 3,
             OpParams(target.queue, reply_queue=initiator.queue,
                      dialog=(initiator.service, target.service, ours_setup.CONTRACT),
-                     message_type=MESSAGE_TYPE),
+                     pipeline=pipeline, message_type=MESSAGE_TYPE),
             ours_ready, note_stages(key), _completed, "dialogs/s", before_go=cpu_start)
 
     rates = alternate(env, "h", [
-        ours("ours", "ours full dialog, 1 producer + 2 readers", False),
-        ours("piped", "ours full dialog, pipelined, 1 producer + 2 readers", True),
-        floor("floor", "the floor of a dialog, 1 producer + 2 readers", FLOOR_OPS),
-        floor("recorded", "the floor of a dialog with poison detection's record, 1 producer "
-              "+ 2 readers", RECORDED_FLOOR_OPS),
-        floor("checked", "the floor of a dialog with the checks and poison detection's "
-              "record, 1 producer + 2 readers", CHECKED_FLOOR_OPS),
-        floor("apart", "the same with each Service Broker statement apart, 1 producer + 2 "
-              "readers", APART_FLOOR_OPS),
+        on_our_tables("ours", "ours full dialog, 1 producer + 2 readers", OURS_OPS),
+        on_our_tables("piped", "ours full dialog, pipelined, 1 producer + 2 readers", OURS_OPS,
+                      pipeline=True),
+        on_our_tables("floor", "the floor of a dialog, 1 producer + 2 readers", FLOOR_OPS),
+        on_our_tables("recorded", "the floor of a dialog with poison detection's record, "
+                      "1 producer + 2 readers", RECORDED_FLOOR_OPS),
+        on_our_tables("checked", "the floor of a dialog with the checks and poison "
+                      "detection's record, 1 producer + 2 readers", CHECKED_FLOOR_OPS),
+        on_our_tables("apart", "the same with each Service Broker statement apart, "
+                      "1 producer + 2 readers", APART_FLOOR_OPS),
         Contender("pgmq", "pgmq request/reply, 1 producer + 2 readers", PGMQ_OPS, 3,
                   OpParams(REQUEST_QUEUE, reply_queue=REPLY_QUEUE),
                   pgmq_ready, note_stages("pgmq"), _completed, "dialogs/s",
