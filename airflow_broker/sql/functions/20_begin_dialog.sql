@@ -23,12 +23,11 @@ RETURNS uuid LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
 DECLARE
     v_service_id integer;
-    v_queue_id integer;
-    v_queue_owner oid;
     v_queue_name text;
     v_queue_schema text;
+    v_may_receive boolean;
     v_contract_id integer;
-    v_contract_owner oid;
+    v_may_reference boolean;
     v_group uuid;
     v_group_service integer;
     v_handle uuid := coalesce(p_conversation_handle, gen_random_uuid());
@@ -60,27 +59,29 @@ BEGIN
         PERFORM raise_error(8414, p_related_conversation_group::text);
     END IF;
 
-    SELECT s.service_id, q.object_id, q.principal_id, q.name, q.schema_name
-      INTO v_service_id, v_queue_id, v_queue_owner, v_queue_name, v_queue_schema
+    -- RECEIVE on the FROM service's queue and REFERENCES on the contract (spec 6), each read
+    -- with its object.
+    SELECT s.service_id, q.name, q.schema_name,
+           (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint, q.object_id,
+                                   q.principal_id))
+      INTO v_service_id, v_queue_name, v_queue_schema, v_may_receive
       FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
      WHERE s.name = p_from_service;
     IF v_service_id IS NULL THEN
         PERFORM raise_error(8423, p_from_service);
     END IF;
-    SELECT service_contract_id, principal_id INTO v_contract_id, v_contract_owner
+    SELECT service_contract_id,
+           (SELECT * FROM role_may(session_user, 'REFERENCES', 16::smallint,
+                                   service_contract_id, principal_id))
+      INTO v_contract_id, v_may_reference
       FROM contracts WHERE name = p_contract;
     IF v_contract_id IS NULL THEN
         PERFORM raise_error(8425, p_contract);
     END IF;
-    -- RECEIVE on the FROM service's queue and REFERENCES on the contract (spec 6), checked
-    -- here rather than through require_on_queue() and require_references(): four nested
-    -- calls fewer on every BEGIN DIALOG.
-    IF NOT role_has_permission(session_user, 'RECEIVE', 1::smallint, v_queue_id,
-                               v_queue_owner) AND NOT broker_is_acting() THEN
+    IF NOT v_may_receive AND NOT broker_is_acting() THEN
         PERFORM raise_error(229, 'RECEIVE', v_queue_name, current_database(), v_queue_schema);
     END IF;
-    IF NOT role_has_permission(session_user, 'REFERENCES', 16::smallint, v_contract_id,
-                               v_contract_owner) AND NOT broker_is_acting() THEN
+    IF NOT v_may_reference AND NOT broker_is_acting() THEN
         PERFORM raise_error(229, 'REFERENCES', p_contract, current_database(),
                             current_schema());
     END IF;

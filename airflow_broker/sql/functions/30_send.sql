@@ -304,6 +304,7 @@ DECLARE
     v_status text;
     v_rejected boolean;
     v_queue integer;
+    v_waiters boolean;
 BEGIN
     IF p_handles IS NULL OR cardinality(p_handles) = 0
        OR array_position(p_handles, NULL) IS NOT NULL THEN
@@ -350,7 +351,10 @@ BEGIN
                q.name AS queue_name, q.is_enqueue_enabled, q.is_retention_enabled,
                q.principal_id AS queue_owner, q.schema_name AS queue_schema,
                u.message_type_id IS NOT NULL AS in_contract,
-               u.is_sent_by_initiator, u.is_sent_by_target
+               u.is_sent_by_initiator, u.is_sent_by_target,
+               -- RECEIVE on the sending service's queue (spec 7).
+               (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint,
+                                       s.service_queue_id, q.principal_id)) AS may_receive
           INTO e
           FROM endpoints ce
           JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
@@ -364,9 +368,7 @@ BEGIN
         IF NOT FOUND THEN
             PERFORM raise_error(8426, v_handle::text);
         END IF;
-        -- RECEIVE on the sending service's queue (spec 7).
-        IF NOT role_has_permission(session_user, 'RECEIVE', 1::smallint, e.service_queue_id,
-                                   e.queue_owner) AND NOT broker_is_acting() THEN
+        IF NOT e.may_receive AND NOT broker_is_acting() THEN
             PERFORM raise_error(229, 'RECEIVE', e.queue_name, current_database(),
                                 e.queue_schema);
         END IF;
@@ -441,9 +443,13 @@ BEGIN
                   FROM peer
                  WHERE ce.conversation_handle = e.conversation_handle
             )
-            SELECT queue_id INTO v_queue FROM delivered;
+            SELECT d.queue_id, EXISTS (SELECT 1 FROM queue_waiters w
+                                        WHERE w.queue_id = d.queue_id)
+              INTO v_queue, v_waiters FROM delivered d;
             IF v_queue IS NOT NULL THEN
-                PERFORM wake_waiters(v_queue);
+                IF v_waiters THEN
+                    PERFORM wake_waiters(v_queue);
+                END IF;
                 CONTINUE;
             END IF;
         END IF;

@@ -55,7 +55,14 @@ BEGIN
         -- the like) put their estimated costs past jit_above_cost. On a server with JIT, as
         -- most packaged ones are, every SEND compiled its statements anew: 265 ms instead of
         -- 1 ms.
-        EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER SET jit = off', f);
+        -- Except the functions PostgreSQL plans in place inside the statements that call them,
+        -- which SECURITY DEFINER or a SET would prevent: role_may() runs with the rights and
+        -- search_path of the broker function whose statement calls it, and only the schema's
+        -- owner may call it; max_message_size() is a constant.
+        IF (SELECT proname FROM pg_proc WHERE oid = f) NOT IN ('role_may', 'max_message_size')
+        THEN
+            EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER SET jit = off', f);
+        END IF;
         EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', f);
         IF v_public THEN
             EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO PUBLIC', f);
