@@ -450,3 +450,36 @@ def test_listener_reconnects_when_its_connection_is_lost(app: App) -> None:
         assert lost not in listener_pids()
         send(app.broker, handle, "later")
         assert [m.text() for m in future.result(timeout=60)] == ["later"]
+
+
+def _receive_counts(broker: Broker) -> tuple[int, int]:
+    with psycopg.connect(broker.dsn) as conn:
+        row = conn.execute(
+            "SELECT coalesce(pg_sequence_last_value(receive_counter), 0),"
+            " coalesce(pg_sequence_last_value(empty_receive_counter), 0)"
+            " FROM broker.queues WHERE name = 'q_t'").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_each_receive_counts_once_for_the_queue_monitor_whichever_way_it_runs(app: App) -> None:
+    """The queue monitor tells RECEIVES_OCCURRING from an idle queue by the RECEIVEs counted
+    and the empty ones among them. A RECEIVE without WHERE that finds messages runs as one
+    statement; the others (WHERE, TOP(0), an empty queue) take the general path: each counts
+    once, and only the empty ones as empty."""
+    d1, d2 = app.dialog(), app.dialog()
+    send(app.broker, d1, "a", "b", "c")
+    send(app.broker, d2, "d")
+    before, empty_before = _receive_counts(app.broker)
+    with app.broker.transaction() as tx:
+        assert [m.text() for m in tx.receive("q_t", 1)] == ["a"]
+        assert [m.text() for m in tx.receive("q_t")] == ["b", "c"]
+    with app.broker.transaction() as tx:
+        assert tx.receive("q_t", 0) == []
+        assert [m.text() for m in tx.receive(
+            "q_t", conversation_handle=target_handle(app.broker, d2))] == ["d"]
+    with app.broker.transaction() as tx:
+        assert tx.receive("q_t") == []
+        assert tx.receive("q_t", 5) == []
+    after, empty_after = _receive_counts(app.broker)
+    assert (after - before, empty_after - empty_before) == (6, 2)

@@ -211,3 +211,28 @@ def test_doctor_reports_rights_on_the_tables_left_from_before(objects: str) -> N
         with psycopg.connect(objects, autocommit=True) as conn:
             conn.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA broker FROM "{legacy}"'.encode())
         assert [f for f in diagnose(b).findings if f.check == "permissions"] == []
+
+
+def test_a_queues_owner_and_a_grant_to_public_receive_waiting_messages(objects: str) -> None:
+    """RECEIVE of waiting messages checks the permission inside its one statement: the queue's
+    owner reads without a grant, a grant to public lets any login read, and a login with
+    neither is refused with 229 and takes nothing."""
+    with admin(objects) as b, b.transaction() as tx:
+        for body in (b"one", b"two"):
+            tx.send(tx.begin_dialog("a_I", "a_T", "a_C"), "a_Req", body)
+    with roles.role(objects, *roles.APPLICATION_GRANTS, prefix="qowner", login=True) as owner, \
+            roles.role(objects, *roles.APPLICATION_GRANTS, prefix="anyone",
+                       login=True) as anyone:
+        with admin(objects) as b, b.transaction() as tx:
+            tx.alter_authorization("QUEUE::a_q_t", owner)
+        with login(objects, owner) as o, o.transaction() as tx:
+            assert [m.message_body for m in tx.receive("a_q_t", 1)] == [b"one"]
+        before = snapshot(objects)
+        with login(objects, anyone) as a:
+            with pytest.raises(ObjectPermissionDenied), a.transaction() as tx:
+                tx.receive("a_q_t", 1)
+            assert snapshot(objects) == before
+            with admin(objects) as b, b.transaction() as tx:
+                tx.grant("RECEIVE", "QUEUE::a_q_t", "public")
+            with a.transaction() as tx:
+                assert [m.message_body for m in tx.receive("a_q_t", 1)] == [b"two"]
