@@ -102,7 +102,20 @@ def test_the_permission_check_is_planned_in_place(empty_dsn: str) -> None:
     own it cost about 15 us, and 40-60 us in RECEIVE's statement. A SECURITY DEFINER or a SET
     on it would turn it back into a call."""
     install(empty_dsn)
+    _assert_planned_in_place(empty_dsn)
+    # An install from before: both ran with the owner's rights and settings, and an upgrade
+    # that changes neither file undoes it.
     with psycopg.connect(empty_dsn) as conn:
+        for routine in IN_PLACE:
+            conn.execute(f"ALTER ROUTINE {routine} SECURITY DEFINER SET jit = off")
+        conn.execute("UPDATE broker.schema_migrations SET checksum = 'stale'"
+                     " WHERE name = '30_send.sql'")
+    assert install(empty_dsn).applied == ["30_send.sql", "99_privileges.sql"]
+    _assert_planned_in_place(empty_dsn)
+
+
+def _assert_planned_in_place(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
         conn.execute("SET search_path = broker")
         plan = "\n".join(str(row[0]) for row in conn.execute(
             "EXPLAIN VERBOSE SELECT q.name FROM queues q WHERE (SELECT * FROM role_may("

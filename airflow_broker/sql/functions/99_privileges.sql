@@ -59,9 +59,13 @@ BEGIN
         -- which SECURITY DEFINER or a SET would prevent: role_may() runs with the rights and
         -- search_path of the broker function whose statement calls it, and only the schema's
         -- owner may call it; max_message_size() is a constant.
+        -- (An older install made them SECURITY DEFINER too: that is undone here, since their
+        -- files need not change with this one.)
         IF (SELECT proname FROM pg_proc WHERE oid = f) NOT IN ('role_may', 'max_message_size')
         THEN
             EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER SET jit = off', f);
+        ELSE
+            EXECUTE format('ALTER ROUTINE %s SECURITY INVOKER RESET ALL', f);
         END IF;
         EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', f);
         IF v_public THEN
