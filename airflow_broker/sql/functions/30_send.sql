@@ -349,7 +349,7 @@ BEGIN
                ce.far_service, ce.lifetime, ce.send_sequence, ce.priority, ce.is_remote,
                s.name AS service_name, s.service_queue_id,
                q.name AS queue_name, q.is_enqueue_enabled, q.is_retention_enabled,
-               q.principal_id AS queue_owner, q.schema_name AS queue_schema,
+               q.schema_name AS queue_schema,
                u.message_type_id IS NOT NULL AS in_contract,
                u.is_sent_by_initiator, u.is_sent_by_target,
                -- RECEIVE on the sending service's queue (spec 7).
