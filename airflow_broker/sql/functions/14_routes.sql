@@ -152,9 +152,11 @@ $$;
 
 -- Where a message for p_service (of the conversation pinned to, or addressed to,
 -- p_broker_instance) goes: 'LOCAL', an address, or NULL when no route matches (the message
--- waits; spec 21.2). Service names match byte for byte.
+-- waits; spec 21.2). Service names match byte for byte. A generic plan: the check for a
+-- local service was planned anew on every call.
 CREATE OR REPLACE FUNCTION route_address(p_service text, p_broker_instance text)
-RETURNS text LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+RETURNS text LANGUAGE plpgsql STABLE SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now timestamp := utc_now();
     v_self text := (SELECT service_broker_guid::text FROM broker_identity);

@@ -77,10 +77,6 @@ BEGIN
 END
 $$;
 
--- Puts one message of an endpoint on its peer's queue, in this transaction (local delivery).
--- Returns NULL when the message was delivered or has been dealt with (refused with an Error to
--- the sender, or discarded because the peer has ended), and otherwise the transmission status
--- with which it has to wait in the transmission queue.
 -- The transmission status of an EndDialog or Error held because its peer's row was locked.
 CREATE OR REPLACE FUNCTION peer_busy_status() RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -88,11 +84,18 @@ LANGUAGE sql IMMUTABLE AS $$
            'broker worker once that transaction ends.'::text
 $$;
 
+-- Puts one message of an endpoint on its peer's queue, in this transaction (local delivery).
+-- Returns NULL when the message was delivered or has been dealt with (refused with an Error to
+-- the sender, or discarded because the peer has ended), and otherwise the transmission status
+-- with which it has to wait in the transmission queue.
+-- Generic plans: the check of the target's replay protection below, a lookup by conversation,
+-- was planned anew on every message 0 (end_conversation() says why).
 CREATE OR REPLACE FUNCTION deliver(
     p_handle uuid, p_conversation_id uuid, p_is_initiator boolean, p_contract_id integer,
     p_service_name text, p_far_handle uuid, p_far_service text, p_lifetime timestamp,
     p_priority smallint, p_seq bigint, p_type_id integer, p_body bytea)
-RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_kind text := CASE p_type_id WHEN 1 THEN 'error' WHEN 2 THEN 'end' ELSE 'data' END;
     v_handle uuid;

@@ -133,6 +133,8 @@ $$;
 -- One message arriving from another broker. outcome: 'ack' (it is on the queue, or was
 -- already), 'error' (refused: code and description go back as an Error), or 'hold' (cannot be
 -- taken now: status says why; the sender retries).
+-- Generic plans: its lookups by conversation were planned anew for every message
+-- (end_conversation() says why).
 CREATE OR REPLACE FUNCTION accept_message(
     p_from_broker text, p_conversation_id uuid, p_sender_is_initiator boolean,
     p_from_service text, p_to_service text, p_to_broker_instance text, p_contract text,
@@ -140,7 +142,8 @@ CREATE OR REPLACE FUNCTION accept_message(
     p_checked_as text, p_xml_error text,
     OUT o_outcome text, OUT o_code integer, OUT o_description text, OUT o_status text,
     OUT o_peer_flag boolean)
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     e endpoints;
     v_type message_types;
