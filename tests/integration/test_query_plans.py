@@ -10,10 +10,14 @@ as the backlog, on every call."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
+import pytest
 
 from airflow_broker import END_DIALOG, ERROR, Broker
+from airflow_broker.worker.transport import Transport
 from tests.support.brokers import App, Pair, advance
 
 GROWING = ("endpoints", "dialog_groups", "queue_messages")
@@ -245,6 +249,31 @@ def test_the_lifetime_sweep_reads_the_expired_endpoints_not_every_open_one(app: 
     assert (error.conversation_handle, error.message_type_name) == (short, ERROR)
 
 
+def _disable_autovacuum(dsn: str) -> None:
+    """No autovacuum's ANALYZE in between: it would have every statement planned again once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for (table,) in conn.execute(
+                "SELECT relname FROM pg_class WHERE relkind = 'r' AND relnamespace ="
+                " 'broker'::regnamespace").fetchall():
+            conn.execute(f'ALTER TABLE broker."{table}" SET (autovacuum_enabled = false)')
+        conn.execute("ANALYZE broker.queue_messages")
+
+
+def _count_plans(conn: psycopg.Connection[Any], plans: list[str]) -> None:
+    """Has the session report each statement it plans (its functions' statements too) into
+    ``plans``."""
+    def planned(notice: psycopg.errors.Diagnostic) -> None:
+        if (notice.message_primary or "").startswith("PLANNER STATISTICS"):
+            plans.append(notice.message_primary or "")
+
+    conn.add_notice_handler(planned)
+    autocommit = conn.autocommit
+    conn.autocommit = True
+    conn.execute("SET log_planner_stats = on")
+    conn.execute("SET client_min_messages = log")
+    conn.autocommit = autocommit
+
+
 def test_a_dialogs_statements_are_planned_once_a_session_when_one_conversation_holds_many(
         app: App) -> None:
     """PostgreSQL plans a function's statement anew on every call when the plan for the value
@@ -259,25 +288,12 @@ def test_a_dialogs_statements_are_planned_once_a_session_when_one_conversation_h
         tx.send_many(tx.begin_dialog("I", "B", "C"), "Req", [b"waiting"] * 300)
         for _ in range(20):
             tx.send(tx.begin_dialog("I", "B", "C"), "Req", b"waiting")
-    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
-        # No autovacuum's ANALYZE in between: it would have every statement planned again once.
-        for (table,) in conn.execute(
-                "SELECT relname FROM pg_class WHERE relkind = 'r' AND relnamespace ="
-                " 'broker'::regnamespace").fetchall():
-            conn.execute(f'ALTER TABLE broker."{table}" SET (autovacuum_enabled = false)')
-    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
-        conn.execute("ANALYZE broker.queue_messages")
+    _disable_autovacuum(app.broker.dsn)
 
     plans: list[str] = []
     with Broker(app.broker.dsn, max_connections=1) as broker:
         with broker.pool.connection() as conn:
-            conn.add_notice_handler(
-                lambda notice: plans.append(notice.message_primary or "")
-                if (notice.message_primary or "").startswith("PLANNER STATISTICS") else None)
-            conn.autocommit = True
-            conn.execute("SET log_planner_stats = on")
-            conn.execute("SET client_min_messages = log")
-            conn.autocommit = False
+            _count_plans(conn, plans)
 
         def dialog() -> int:
             plans.clear()
@@ -299,3 +315,64 @@ def test_a_dialogs_statements_are_planned_once_a_session_when_one_conversation_h
         for _ in range(15):
             dialog()
         assert [dialog() for _ in range(3)] == [0, 0, 0]
+
+
+def test_dialogs_between_brokers_plan_their_statements_once_a_session(
+        pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same between two brokers: both sides of the transport, each message a dialog's
+    first or last, which the far broker accepts one at a time and the sender settles one at
+    a time."""
+    with pair.b.transaction() as tx:
+        tx.create_queue("q_b")
+        tx.create_service("B", "q_b", ["C"])
+    pair.routes()
+    with pair.a.transaction() as tx:
+        tx.create_route("to_B", pair.b_uri, service_name="B")
+    with pair.a.transaction() as tx:
+        tx.send_many(tx.begin_dialog("I", "B", "C"), "Req", [b"waiting"] * 300)
+        for _ in range(20):
+            tx.send(tx.begin_dialog("I", "B", "C"), "Req", b"waiting")
+    pair.pump()
+    for side in (pair.a, pair.b):
+        _disable_autovacuum(side.dsn)
+
+    plans: list[str] = []
+    connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect
+
+    def far_connection(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
+        conn = connect(*args, **kwargs)
+        _count_plans(conn, plans)
+        return conn
+
+    monkeypatch.setattr(psycopg, "connect", far_connection)
+    with Broker(pair.a.dsn, max_connections=1) as a, Broker(pair.b.dsn, max_connections=1) as b:
+        for side in (a, b):
+            with side.pool.connection() as conn:
+                _count_plans(conn, plans)
+        to_b, to_a = Transport(a, batch_size=500), Transport(b, batch_size=500)
+
+        def dialog() -> int:
+            plans.clear()
+            with a.transaction() as tx:
+                tx.send(tx.begin_dialog("I", "T", "C"), "Req", b"request")
+            assert to_b.run_until_idle().sent == 1
+            with b.transaction() as tx:
+                (request,) = tx.receive("q_t")
+                tx.send(request.conversation_handle, "Resp", b"reply")
+                tx.end_conversation(request.conversation_handle)
+            assert to_a.run_until_idle().sent == 2
+            with a.transaction() as tx:
+                messages = tx.receive("q_i")
+                assert [m.message_type_name for m in messages] == ["Resp", END_DIALOG]
+                tx.end_conversation(messages[0].conversation_handle)
+            to_b.run_until_idle()
+            to_a.run_until_idle()
+            return len(plans)
+
+        try:
+            for _ in range(15):
+                dialog()
+            assert [dialog() for _ in range(3)] == [0, 0, 0]
+        finally:
+            to_b.close()
+            to_a.close()

@@ -644,11 +644,15 @@ BEGIN
                            THEN v_now + interval '30 minutes' ELSE security_timestamp END
                  WHERE conversation_handle = m.conversation_handle;
             END IF;
-            IF m.state = 'DO' AND (m.is_end_of_dialog OR m.is_conversation_error)
-               AND NOT EXISTS (SELECT 1 FROM transmissions
+            -- Apart: PostgreSQL planned the lookup anew on every acknowledgement (a generic
+            -- plan for the whole function reads each acknowledged message twice above).
+            IF m.state = 'DO' AND (m.is_end_of_dialog OR m.is_conversation_error) THEN
+                IF NOT EXISTS (SELECT 1 FROM transmissions
                                 WHERE conversation_handle = m.conversation_handle) THEN
-                -- The peer has this side's last word: DISCONNECTED_OUTBOUND becomes CLOSED.
-                PERFORM close_endpoint(m.conversation_handle);
+                    -- The peer has this side's last word: DISCONNECTED_OUTBOUND becomes
+                    -- CLOSED.
+                    PERFORM close_endpoint(m.conversation_handle);
+                END IF;
             END IF;
         ELSIF p_outcomes[i] = 'error' THEN
             DELETE FROM transmissions WHERE conversation_handle = m.conversation_handle;
