@@ -166,7 +166,14 @@ def test_worker_stops_on_sigterm(app: App) -> None:
     process = subprocess.Popen([sys.executable, "-m", "airflow_broker.cli", "-v", "worker",
                                 "--dsn", app.broker.dsn, "--interval", "0.1"],
                                env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    # The signal goes once the worker says it started (its handlers are set by then): a fixed
+    # pause lost the race on a loaded machine, and the default action killed the process.
+    assert process.stderr is not None
+    started = ""
+    while "broker worker started" not in started:
+        line = process.stderr.readline()
+        assert line, f"the worker exited before it started: {started}"
+        started += line
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 0
