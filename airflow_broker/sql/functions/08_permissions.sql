@@ -13,6 +13,8 @@ INSERT INTO error_messages (error_number, text) VALUES
     (229, 'The %s permission was denied on the object ''%s'', database ''%s'', schema ''%s''.'),
     (262, '%s permission denied in database ''%s''.'),
     (4613, 'Grantor does not have GRANT permission.'),
+    (4624, 'Cannot grant, deny, or revoke permissions to sa, dbo, entity owner, information_schema, sys, or yourself.'),
+    (5011, 'User does not have permission to alter database ''%s'', the database does not exist, or the database is not in a state that allows access checks.'),
     (15517, 'Cannot execute as the database principal because the principal "%s" does not exist, this type of principal cannot be impersonated, or you do not have permission.'),
     (15151, 'Cannot find the %s ''%s'', because it does not exist or you do not have permission.')
 ON CONFLICT (error_number) DO UPDATE SET text = EXCLUDED.text;
@@ -153,17 +155,55 @@ BEGIN
 END
 $$;
 
--- EXECUTE AS a role runs activated readers as that role: naming one needs membership of it
--- (SQL Server: IMPERSONATE on the user), or an activated procedure would escalate.
+-- Whether the session's login may act as role p_role: SQL Server's IMPERSONATE on a user, or
+-- membership of a role. In PostgreSQL that is being able to SET ROLE to it (a superuser may
+-- act as anyone). The broker's own rights do not count: a member of the schema's owner acts
+-- for the broker, not as every role on the server.
+CREATE OR REPLACE FUNCTION may_act_as(p_role oid) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF p_role IS NULL OR p_role = 0 THEN
+        RETURN false;
+    END IF;
+    -- PostgreSQL 16 tells membership (MEMBER) from the right to SET ROLE (SET); before 16,
+    -- a member may always SET ROLE.
+    IF current_setting('server_version_num')::integer >= 160000 THEN
+        RETURN pg_has_role(session_user, p_role, 'SET');
+    END IF;
+    RETURN pg_has_role(session_user, p_role, 'MEMBER');
+END
+$$;
+
+-- EXECUTE AS a role runs activated readers as that role: naming one needs the right to act
+-- as it (SQL Server: IMPERSONATE on the user), or an activated procedure would escalate.
+-- Owners of the schema are no exception, since the role may hold rights beyond the broker.
+-- SELF and OWNER name the queue's owner, which check_reader_identity() checks once the
+-- queue's row says who that is.
 CREATE OR REPLACE FUNCTION check_execute_as(p_execute_as text)
 RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 BEGIN
-    IF p_execute_as IS NULL OR upper(p_execute_as) IN ('SELF', 'OWNER') OR is_broker_owner() THEN
+    IF p_execute_as IS NULL OR upper(p_execute_as) IN ('SELF', 'OWNER', 'CALLER') THEN
         RETURN;
     END IF;
-    IF to_regrole(quote_ident(p_execute_as)) IS NULL
-       OR NOT pg_has_role(session_user, to_regrole(quote_ident(p_execute_as)), 'MEMBER') THEN
+    IF NOT coalesce(may_act_as(to_regrole(quote_ident(p_execute_as))), false) THEN
         PERFORM raise_error(15517, p_execute_as);
+    END IF;
+END
+$$;
+
+-- The role an activated reader of queue q runs as (reader_role(): its EXECUTE AS role, or the
+-- queue's owner for SELF and OWNER) must be one the login that sets the procedure or the
+-- identity may act as: otherwise CREATE or ALTER QUEUE followed by ALTER AUTHORIZATION, or
+-- ALTER QUEUE on a queue someone else owns, would run the login's code with another role's
+-- rights. No role (the worker's own login) runs only the procedures on the worker's list.
+CREATE OR REPLACE FUNCTION check_reader_identity(q queues)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_role text := reader_role(q);
+BEGIN
+    IF v_role IS NOT NULL AND NOT coalesce(may_act_as(to_regrole(quote_ident(v_role))), false)
+    THEN
+        PERFORM raise_error(15517, q.execute_as);
     END IF;
 END
 $$;
@@ -173,6 +213,17 @@ CREATE OR REPLACE FUNCTION require_create(p_permission text)
 RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 BEGIN
     IF NOT has_permission(p_permission, 0::smallint, 0) THEN
+        PERFORM raise_error(262, p_permission, current_database());
+    END IF;
+END
+$$;
+
+-- Raises 262 when the login is not a member of the schema's owner: for what only the owner
+-- may create (routes, XML schema collections), which no GRANT can give.
+CREATE OR REPLACE FUNCTION require_broker_owner(p_permission text)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT is_broker_owner() THEN
         PERFORM raise_error(262, p_permission, current_database());
     END IF;
 END
@@ -248,7 +299,10 @@ $$;
 
 -- GRANT / DENY / REVOKE p_permission ON p_securable TO p_principal. The owner of the object,
 -- a holder of CONTROL on it and a holder of the permission WITH GRANT OPTION may grant it
--- (a DENY needs CONTROL); anyone else gets 4613 and nothing changes.
+-- (a DENY needs CONTROL); anyone else gets 4613 and nothing changes. An object the login may
+-- not see answers 15151 as a missing one does, so refusals tell nothing of what exists. No
+-- permission is granted, denied or revoked to a superuser, the schema's owner, the object's
+-- owner or the grantor itself (4624): such rows could never take effect.
 CREATE OR REPLACE FUNCTION change_permission(p_action text, p_permission text,
                                              p_securable text, p_principal text,
                                              p_with_grant_option boolean DEFAULT false)
@@ -256,9 +310,13 @@ RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     s record := securable(p_securable);
     v_permission text := upper(btrim(p_permission));
+    v_schema_owner oid := (SELECT nspowner FROM pg_namespace WHERE nspname = current_schema());
     v_grantee oid;
     v_may boolean;
 BEGIN
+    IF s.class <> 0 AND NOT (is_broker_owner() OR may_see(s.class, s.major_id, s.owner)) THEN
+        PERFORM raise_error(15151, s.kind, s.name);
+    END IF;
     IF s.class = 0 AND v_permission IN ('CREATE ROUTE', 'CREATE XML SCHEMA COLLECTION') THEN
         PERFORM raise_error(50127, v_permission);
     END IF;
@@ -276,6 +334,12 @@ BEGIN
     END IF;
     IF NOT v_may THEN
         PERFORM raise_error(4613);
+    END IF;
+    IF v_grantee <> 0
+       AND (v_grantee IN (v_schema_owner, coalesce(s.owner, v_schema_owner))
+            OR v_grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
+            OR (SELECT rolsuper FROM pg_roles WHERE oid = v_grantee)) THEN
+        PERFORM raise_error(4624);
     END IF;
     IF p_action = 'REVOKE' THEN
         DELETE FROM permissions
@@ -314,27 +378,46 @@ RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
 $$;
 
 -- ALTER AUTHORIZATION ON <securable> TO <principal>; 'SCHEMA OWNER' gives the object back to
--- the broker schema's owner. Needs CONTROL on the object (or TAKE OWNERSHIP, to take it for
--- oneself).
+-- the broker schema's owner. As SQL Server's: TAKE OWNERSHIP on the object (which CONTROL
+-- implies), and, when the new owner is not the login itself, IMPERSONATE on it if it is a
+-- user or membership of it if it is a role; here both are the right to act as the role
+-- (may_act_as). Without that, giving a queue whose reader runs as its OWNER to a stronger
+-- role would run the giver's procedure with that role's rights. As in SQL Server, the
+-- object's permissions are dropped when it changes hands; a queue's reader identity is
+-- checked again for the new owner.
 CREATE OR REPLACE FUNCTION alter_authorization(p_securable text, p_principal text)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     s record := securable(p_securable);
+    v_schema_owner oid := (SELECT nspowner FROM pg_namespace WHERE nspname = current_schema());
     v_owner oid;
+    q queues;
 BEGIN
     IF s.class = 0 THEN
         PERFORM raise_error(102, p_securable);
     END IF;
-    IF upper(p_principal) <> 'SCHEMA OWNER' THEN
-        v_owner := principal_oid(p_principal);
-    END IF;
-    IF NOT (has_permission('CONTROL', s.class, s.major_id, s.owner)
-            OR (p_principal = session_user
-                AND has_permission('TAKE OWNERSHIP', s.class, s.major_id, s.owner))) THEN
+    IF NOT (has_permission('TAKE OWNERSHIP', s.class, s.major_id, s.owner)
+            OR has_permission('CONTROL', s.class, s.major_id, s.owner)) THEN
         PERFORM raise_error(15151, s.kind, s.name);
     END IF;
+    IF upper(coalesce(p_principal, '')) <> 'SCHEMA OWNER' THEN
+        v_owner := (SELECT oid FROM pg_roles WHERE rolname = p_principal);
+        IF v_owner = v_schema_owner THEN
+            v_owner := NULL;
+        END IF;
+    END IF;
+    IF (v_owner IS NULL AND upper(coalesce(p_principal, '')) <> 'SCHEMA OWNER'
+        AND (SELECT oid FROM pg_roles WHERE rolname = p_principal) IS NULL)
+       OR NOT may_act_as(coalesce(v_owner, v_schema_owner)) THEN
+        PERFORM raise_error(15151, 'user', coalesce(p_principal, 'NULL'));
+    END IF;
+    IF v_owner IS NOT DISTINCT FROM s.owner THEN
+        RETURN;
+    END IF;
     CASE s.class
-        WHEN 1 THEN UPDATE queues SET principal_id = v_owner WHERE object_id = s.major_id;
+        WHEN 1 THEN UPDATE queues SET principal_id = v_owner WHERE object_id = s.major_id
+                    RETURNING * INTO q;
+                    PERFORM check_reader_identity(q);
         WHEN 15 THEN UPDATE message_types SET principal_id = v_owner
                       WHERE message_type_id = s.major_id;
         WHEN 16 THEN UPDATE contracts SET principal_id = v_owner
@@ -342,6 +425,7 @@ BEGIN
         WHEN 17 THEN UPDATE service_defs SET principal_id = v_owner
                       WHERE service_id = s.major_id;
     END CASE;
+    DELETE FROM permissions WHERE class = s.class AND major_id = s.major_id;
 END
 $$;
 

@@ -5,6 +5,8 @@ RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_id integer;
 BEGIN
+    -- XML schema collections are the schema owner's alone (docs/security.md).
+    PERFORM require_broker_owner('CREATE XML SCHEMA COLLECTION');
     PERFORM check_name(p_name);
     IF p_schemas IS NULL OR cardinality(p_schemas) = 0 THEN
         PERFORM raise_error(50106, 'NULL', 'the schemas of an XML schema collection',
@@ -26,7 +28,8 @@ DECLARE
     v_id integer;
     v_user text;
 BEGIN
-    SELECT xml_collection_id INTO v_id FROM xml_schema_collections WHERE name = p_name;
+    SELECT xml_collection_id INTO v_id FROM xml_schema_collections
+     WHERE name = p_name AND is_broker_owner();
     IF v_id IS NULL THEN
         PERFORM raise_error(15151, 'XML schema collection', p_name);
     END IF;

@@ -230,7 +230,13 @@ BEGIN
                            ELSE coalesce(p_max_queue_readers, max_readers) END,
         execute_as = CASE WHEN p_drop_activation THEN NULL
                           ELSE coalesce(p_execute_as, execute_as) END
-     WHERE object_id = q.object_id;
+     WHERE object_id = q.object_id
+    RETURNING * INTO q;
+    IF p_execute_as IS NOT NULL OR p_activation_procedure IS NOT NULL THEN
+        -- Whoever chooses the code or the identity must be able to act as the role it runs
+        -- as: ALTER on a queue someone else owns does not lend that owner's rights.
+        PERFORM check_reader_identity(q);
+    END IF;
     IF p_status THEN
         -- Messages held while the queue was disabled arrive now, in order.
         PERFORM retry_transmissions(2147483647, true);

@@ -85,6 +85,9 @@ RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     r route_defs;
 BEGIN
+    -- Routes are the schema owner's alone (docs/security.md): an address may carry
+    -- credentials, and a route decides where every matching conversation's messages go.
+    PERFORM require_broker_owner('CREATE ROUTE');
     PERFORM check_name(p_name);
     IF EXISTS (SELECT 1 FROM route_defs WHERE name = p_name) THEN
         PERFORM raise_error(2714, p_name);
@@ -117,7 +120,7 @@ RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     r route_defs;
 BEGIN
-    SELECT * INTO r FROM route_defs WHERE name = p_name FOR UPDATE;
+    SELECT * INTO r FROM route_defs WHERE name = p_name AND is_broker_owner() FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'route', coalesce(p_name, 'NULL'));
     END IF;
@@ -143,7 +146,7 @@ $$;
 CREATE OR REPLACE FUNCTION drop_route(p_name text) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    DELETE FROM route_defs WHERE name = p_name;
+    DELETE FROM route_defs WHERE name = p_name AND is_broker_owner();
     IF NOT FOUND THEN
         PERFORM raise_error(15151, 'route', coalesce(p_name, 'NULL'));
     END IF;
@@ -237,6 +240,9 @@ DECLARE
     v_option text := upper(btrim(p_option));
     v_guid uuid;
 BEGIN
+    IF NOT is_broker_owner() THEN
+        PERFORM raise_error(5011, current_database());
+    END IF;
     IF v_option IS NULL OR v_option NOT IN ('ENABLE_BROKER', 'DISABLE_BROKER', 'NEW_BROKER',
                                             'ERROR_BROKER_CONVERSATIONS') THEN
         PERFORM raise_error(50106, quote_literal(coalesce(left(p_option, 40), 'NULL')),

@@ -265,8 +265,14 @@ CREATE OR REPLACE FUNCTION end_conversation_with_cleanup(p_handle uuid) RETURNS 
 LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off AS $$
 DECLARE
+    -- As END CONVERSATION: 8426 for a conversation the login may not see, 229 without
+    -- RECEIVE on its queue; then, since the peer is never told, the schema owner's alone.
     e endpoints := lock_endpoint(p_handle);
 BEGIN
+    IF NOT is_broker_owner() THEN
+        PERFORM raise_error(229, 'CONTROL', p_handle::text, current_database(),
+                            current_schema());
+    END IF;
     INSERT INTO cleanup_log (cleaned_at, cleaned_by, conversation_handle, conversation_id,
                              is_initiator, state, service_name, far_service, queued_messages,
                              pending_messages)

@@ -41,6 +41,10 @@ BEGIN
                    'grant_permission', 'deny_permission', 'revoke_permission',
                    'create_event_notification', 'drop_event_notification',
                    'alter_authorization',
+                   -- The owner's alone, refused with a broker error to anyone else.
+                   'create_route', 'alter_route', 'drop_route',
+                   'create_xml_schema_collection', 'drop_xml_schema_collection',
+                   'alter_broker', 'end_conversation_with_cleanup',
                    -- Definitions for BrokerSetupOperator, as far as the caller may see them.
                    'message_type_definition', 'contract_definition', 'queue_definition',
                    'service_definition', 'event_notification_definition',
