@@ -400,7 +400,8 @@ class ObjectPermissionDenied(PermissionDenied, number=229):
 
 
 class CreatePermissionDenied(PermissionDenied, number=262):
-    """CREATE QUEUE, SERVICE, CONTRACT or MESSAGE TYPE without the permission to."""
+    """CREATE QUEUE, SERVICE, CONTRACT or MESSAGE TYPE without the permission to; CREATE
+    ROUTE or XML SCHEMA COLLECTION by anyone but the schema's owner."""
 
 
 class GrantorLacksPermission(PermissionDenied, number=4613):
@@ -408,8 +409,19 @@ class GrantorLacksPermission(PermissionDenied, number=4613):
     and does not hold the permission WITH GRANT OPTION."""
 
 
+class PermissionToOwnerOrSelf(PermissionDenied, number=4624):
+    """GRANT, DENY or REVOKE to the object's owner, the schema's owner, a superuser or the
+    grantor itself: such a permission could never take effect."""
+
+
+class AlterDatabaseDenied(PermissionDenied, number=5011):
+    """ALTER DATABASE's broker options (ENABLE_BROKER, NEW_BROKER, ...) by a login that is
+    not a member of the broker schema's owner."""
+
+
 class CannotImpersonate(PermissionDenied, number=15517):
-    """EXECUTE AS a role the login is not a member of."""
+    """EXECUTE AS a role the login may not act as, or ALTER QUEUE choosing the procedure or
+    identity of a reader that would run as such a role."""
 
 
 # Unsupported
