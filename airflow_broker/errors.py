@@ -447,10 +447,6 @@ NOT_A_HANDLE = ("Conversion failed when converting from a character string to "
                 "uniqueidentifier.")
 
 
-def broker_error(number: int, message: str) -> BrokerError:
-    return BrokerError(number, message)
-
-
 def translate(exc: psycopg.Error) -> BrokerError | None:
     """The BrokerError behind a database error raised by a broker function, if it is one."""
     if exc.sqlstate == INVALID_TEXT_REPRESENTATION and "type uuid" in (
