@@ -31,10 +31,6 @@ class ReaderStats:
     failed: int = 0
     batches: int = 0
 
-    def merge(self, other: ReaderStats) -> None:
-        for name, value in asdict(other).items():
-            setattr(self, name, getattr(self, name) + value)
-
 
 def _call(tx: Transaction, function: str, args: list[Any]) -> Any:
     return tx.scalar(tx.function(function, len(args)), args)
