@@ -20,10 +20,10 @@ application and ActivatedReaderOperator.
 from __future__ import annotations
 
 import enum
-import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from airflow_broker.callables import load_callable
 from airflow_broker.errors import IncorrectSyntax
 from airflow_broker.messages import Message
 
@@ -121,7 +121,7 @@ def get_strategy(spec: str | PoisonStrategy) -> PoisonStrategy:
     if spec in _REGISTRY:
         return _REGISTRY[spec]()
     if ":" in spec:
-        found = pkgutil.resolve_name(spec)
+        found = load_callable(spec, "poison strategy")
         if isinstance(found, type) and issubclass(found, PoisonStrategy):
             return found()
         raise IncorrectSyntax(f"poison strategy {spec!r} is not a PoisonStrategy subclass")
