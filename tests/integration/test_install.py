@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from airflow_broker import Broker
 from airflow_broker.migrations import functions, install, migrations, pending
@@ -174,3 +177,54 @@ def test_wheel_maps_airflow_folders_into_the_package(tmp_path: Path) -> None:
                            | {f.name for f in QUERIES_DIR.glob("*.sql")})
     for package in ("hooks", "operators", "sensors"):
         assert importlib.import_module(f"airflow_broker.{package}").__name__.endswith(package)
+
+
+# Imports every module of the installed package under the names users use, and prints any
+# whose file is not in the checkout given as the first argument.
+IMPORT_EVERY_MODULE = """
+import importlib, pathlib, pkgutil, sys
+import airflow_broker
+checkout = pathlib.Path(sys.argv[1]).resolve()
+# The Airflow folders by name: a checkout without links has no such packages to walk.
+names = ["airflow_broker"] + [f"airflow_broker.{folder}" for folder in (
+    "hooks", "operators", "sensors", "triggers", "notifications", "queues")] + [
+    m.name for m in pkgutil.walk_packages(airflow_broker.__path__, "airflow_broker.")
+    if not any(part.startswith("_") for part in m.name.split("."))]
+for name in names:
+    path = pathlib.Path(importlib.import_module(name).__file__).resolve()
+    if checkout not in path.parents:
+        print("elsewhere:", name, path)
+print(len(names), "modules")
+"""
+
+
+@pytest.mark.parametrize("symlinks", [True, False], ids=["links", "no links"])
+def test_an_editable_install_of_a_fresh_clone_imports_every_module(tmp_path: Path,
+                                                                  symlinks: bool) -> None:
+    """CONTRIBUTING's set-up from a fresh clone: every public module imports under the name
+    users use, from the clone. With symbolic links the Airflow folders reach the package
+    through the tree's links (setuptools' editable finder leaves out a package-dir entry the
+    tree already provides); in a checkout without them (git's core.symlinks=false, as on
+    Windows without Developer Mode) the finder keeps the mapping and the install works all
+    the same. The dependencies come from this environment (no download)."""
+    root = Path(__file__).resolve().parents[2]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "-c", f"core.symlinks={str(symlinks).lower()}", "clone", "-q",
+                    str(root), str(clone)], check=True)
+    assert (clone / "airflow_broker" / "hooks").is_symlink() == symlinks
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig;"
+                              " print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    (Path(purelib) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-build-isolation", "-e", str(clone)],
+                   check=True, cwd=tmp_path)
+    result = subprocess.run([str(python), "-c", IMPORT_EVERY_MODULE, str(clone)],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"),
+                                 "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr
+    assert "elsewhere:" not in result.stdout, result.stdout
