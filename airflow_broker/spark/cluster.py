@@ -23,7 +23,8 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-DSN_VARIABLE = "AIRFLOW_BROKER_DSN"
+from airflow_broker.broker import DSN_ENV
+
 PASSWORD_VARIABLE = "PGPASSWORD"
 
 
@@ -66,11 +67,11 @@ def job_settings(dsn: str, master: str, deploy_mode: str | None,
     plain, password = split_password(dsn)
     kind = manager(master)
     cluster = deploy_mode == "cluster"
-    settings = {f"spark.executorEnv.{DSN_VARIABLE}": plain}
+    settings = {f"spark.executorEnv.{DSN_ENV}": plain}
     if kind == "yarn" and cluster:
-        settings[f"spark.yarn.appMasterEnv.{DSN_VARIABLE}"] = plain
+        settings[f"spark.yarn.appMasterEnv.{DSN_ENV}"] = plain
     if kind == "kubernetes" and cluster:
-        settings[f"spark.kubernetes.driverEnv.{DSN_VARIABLE}"] = plain
+        settings[f"spark.kubernetes.driverEnv.{DSN_ENV}"] = plain
     if password is None:
         return settings
     if kind == "kubernetes":
@@ -95,7 +96,7 @@ def job_settings(dsn: str, master: str, deploy_mode: str | None,
 def driver_environment(dsn: str) -> dict[str, str]:
     """The client-mode driver's environment (spark-submit's)."""
     plain, password = split_password(dsn)
-    env = {DSN_VARIABLE: plain}
+    env = {DSN_ENV: plain}
     if password is not None:
         env[PASSWORD_VARIABLE] = password
     return env

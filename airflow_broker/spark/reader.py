@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from airflow_broker.broker import DSN_ENV
 from airflow_broker.poison.strategies import strategy_names
-from airflow_broker.spark.cluster import DSN_VARIABLE
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -67,9 +67,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _dsn() -> str:
-    dsn = os.environ.get(DSN_VARIABLE)
+    dsn = os.environ.get(DSN_ENV)
     if not dsn:
-        raise RuntimeError(f"{DSN_VARIABLE} is not set here: the reader job must be given it "
+        raise RuntimeError(f"{DSN_ENV} is not set here: the reader job must be given it "
                            "in the environment (the driver's, and spark.executorEnv for the "
                            "executors)")
     return dsn

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from airflow_broker.broker import Broker
+from airflow_broker.broker import DSN_ENV, Broker
 from airflow_broker.callables import load_callable
 from airflow_broker.errors import NameMissing
 from airflow_broker.worker.procedures import drain_with_procedure, is_procedure_target
@@ -211,7 +211,7 @@ class ActivationManager:
         """Starts one reader; False when it could not be started (recorded as aborted)."""
         task_id = uuid.uuid4()
         env = reader_environment({
-            "AIRFLOW_BROKER_DSN": reader_dsn(self.broker.dsn, role_for(execute_as)),
+            DSN_ENV: reader_dsn(self.broker.dsn, role_for(execute_as)),
             "AIRFLOW_BROKER_SCHEMA": self.broker.schema,
             "AIRFLOW_BROKER_QUEUE": queue_name,
             "AIRFLOW_BROKER_TASK_ID": str(task_id),
@@ -262,7 +262,7 @@ def run_reader(target: str) -> int:
                         format="%(asctime)s %(levelname)s activated reader: %(message)s")
     queue_name = os.environ["AIRFLOW_BROKER_QUEUE"]
     task_id = uuid.UUID(os.environ["AIRFLOW_BROKER_TASK_ID"])
-    broker = Broker(os.environ["AIRFLOW_BROKER_DSN"],
+    broker = Broker(os.environ[DSN_ENV],
                     schema=os.environ.get("AIRFLOW_BROKER_SCHEMA") or None,
                     application_name=f"airflow-broker-reader {queue_name}"[:63])
     outcome, error, code = "ended", None, 0
