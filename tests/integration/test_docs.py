@@ -40,10 +40,18 @@ def test_readme_example_runs(dsn: str, far_dsn: str) -> None:
         opened = namespace[name]
         assert isinstance(opened, Broker)
         opened.close()
-    # The shorter snippets run inside a transaction, as their text assumes.
-    for snippet in snippets:
-        with Broker(dsn) as broker, broker.transaction() as tx:
-            exec(compile(snippet, "README.md", "exec"), {"tx": tx})
+    # The shorter snippets run inside a transaction, as their text assumes; the role the
+    # activation snippet's readers run as exists, as EXECUTE AS needs.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE trading_reader LOGIN")
+    try:
+        for snippet in snippets:
+            with Broker(dsn) as broker, broker.transaction() as tx:
+                exec(compile(snippet, "README.md", "exec"), {"tx": tx})
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP OWNED BY trading_reader")
+            conn.execute("DROP ROLE trading_reader")
 
 
 def test_every_error_number_is_documented(dsn: str) -> None:
