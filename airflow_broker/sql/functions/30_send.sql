@@ -60,6 +60,11 @@ BEGIN
             unverified := NOT (is_broker_owner() OR broker_is_acting());
         END IF;
     ELSIF p_type.validation_kind = 'VALID_XML' THEN
+        -- The error names the type's schema collection: to a login that may not see the type,
+        -- it is a type that does not exist.
+        IF NOT may_see_message_type(p_type) THEN
+            PERFORM raise_error(8428, p_type.name);
+        END IF;
         PERFORM raise_error(50103, p_type.name,
                             (SELECT name FROM xml_schema_collections
                               WHERE xml_collection_id = p_type.xml_collection_id));
