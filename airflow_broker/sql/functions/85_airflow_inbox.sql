@@ -27,8 +27,10 @@ RETURNS TABLE (queue_id integer, queue_name text, schema_name text, is_receive_e
                disabled_reason text, disabled_at timestamp)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := find_queue(p_queue);
+    q queues;
 BEGIN
+    -- A queue the login may not see is answered as one that does not exist.
+    SELECT * INTO q FROM visible_queue(p_queue);
     IF q.object_id IS NULL THEN
         PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
     END IF;
