@@ -377,6 +377,10 @@ BEGIN
             PERFORM raise_error(8426, v_handle::text);
         END IF;
         IF NOT e.may_receive AND NOT broker_is_acting() THEN
+            -- A conversation is seen by the readers of its service's queue only: to a login
+            -- that may not see that queue either, the handle does not exist.
+            PERFORM require_visible_queue('RECEIVE', e.service_queue_id, 8426,
+                                          v_handle::text);
             PERFORM raise_error(229, 'RECEIVE', e.queue_name, current_database(),
                                 e.queue_schema);
         END IF;
