@@ -389,3 +389,24 @@ def test_a_login_without_permissions_learns_nothing_of_anothers_objects(
                     problems.append(f"{function}{tuple(args)}: {leaked} in {answer}")
     assert calls > 200
     assert problems == [], "\n".join(problems)
+
+
+def test_a_login_that_may_see_the_queue_is_still_refused_with_229(other: Other) -> None:
+    """Visibility changes only what a stranger is told: a login holding a permission on B's
+    queue other than RECEIVE (here ALTER) sees it, and SEND, END CONVERSATION and a queue id
+    are refused with 229 naming that queue, as before."""
+    with roles.role(other.dsn, *roles.APPLICATION_GRANTS,
+                    roles.broker_grant("ALTER", "QUEUE::b_q_i"),
+                    roles.broker_grant("ALTER", "QUEUE::b_q_t"), prefix="alter",
+                    login=True) as name, login(other.dsn, name) as a:
+        calls: list[tuple[str, list[object]]] = [
+            ("SELECT broker.send(ARRAY[%s]::uuid[], 'b_Req', 'x'::bytea)", [other.initiator]),
+            ("SELECT broker.end_conversation(%s)", [other.target]),
+            ("SELECT broker.wait_register(gen_random_uuid(), %s, false)", [other.queue_id]),
+            ("SELECT broker.begin_dialog('b_I', 'b_T', 'b_C')", []),
+        ]
+        for call, params in calls:
+            with pytest.raises(BrokerError) as refused, a.transaction() as tx:
+                tx.run(call.encode(), params)
+            assert refused.value.number == 229, (call, refused.value)
+            assert "'b_q_" in str(refused.value)
