@@ -214,17 +214,21 @@ def create_route(tx: Transaction, s: Setup) -> object:
 # GRANT, DENY and REVOKE on q_t: not found for whoever may not see q_t, 4613 for its reader.
 HIDDEN_Q_T_OR_4613 = {"sender": 15151, "reader": 4613, "outsider": 15151}
 
+# A statement on a conversation handle answers a login that may not see the conversation (no
+# RECEIVE on its service's queue, nor any other permission on that queue) as for a handle that
+# does not exist, 8426: a 229 would name the queue behind the handle.
 STATEMENTS = {
-    "BEGIN DIALOG": Statement(begin_dialog, frozenset({"sender", "administrator"}), 229),
-    "SEND": Statement(send, frozenset({"sender", "administrator"}), 229),
-    "SEND reply": Statement(send_reply, frozenset({"reader", "administrator"}), 229),
+    # ... and a FROM service it may not see, as a service that does not exist (8423).
+    "BEGIN DIALOG": Statement(begin_dialog, frozenset({"sender", "administrator"}), 8423),
+    "SEND": Statement(send, frozenset({"sender", "administrator"}), 8426),
+    "SEND reply": Statement(send_reply, frozenset({"reader", "administrator"}), 8426),
     "RECEIVE": Statement(receive, frozenset({"reader", "administrator"}), 229),
     "GET CONVERSATION GROUP": Statement(
         get_conversation_group, frozenset({"reader", "administrator"}), 229, changes=False),
     "END CONVERSATION": Statement(
-        end_conversation, frozenset({"reader", "administrator"}), 229),
-    "BEGIN CONVERSATION TIMER": Statement(timer, frozenset({"sender", "administrator"}), 229),
-    "MOVE CONVERSATION": Statement(move, frozenset({"sender", "administrator"}), 229),
+        end_conversation, frozenset({"reader", "administrator"}), 8426),
+    "BEGIN CONVERSATION TIMER": Statement(timer, frozenset({"sender", "administrator"}), 8426),
+    "MOVE CONVERSATION": Statement(move, frozenset({"sender", "administrator"}), 8426),
     "CREATE QUEUE": Statement(create_queue, frozenset({"administrator"}), 262),
     "CREATE SERVICE": Statement(create_service, frozenset({"administrator"}), 262),
     "CREATE CONTRACT": Statement(create_contract, frozenset({"administrator"}), 262),
@@ -239,9 +243,12 @@ STATEMENTS = {
     "WAITFOR (RECEIVE)": Statement(waitfor_receive, frozenset({"reader", "administrator"}),
                                    229),
     "END CONVERSATION WITH ERROR": Statement(
-        end_with_error, frozenset({"reader", "administrator"}), 229),
-    # The peer is never told: the schema owner's alone (docs/security.md).
-    "END CONVERSATION WITH CLEANUP": Statement(end_with_cleanup, frozenset(), 229),
+        end_with_error, frozenset({"reader", "administrator"}), 8426),
+    # The peer is never told: the schema owner's alone (docs/security.md); 229 to a login
+    # that may see the conversation.
+    "END CONVERSATION WITH CLEANUP": Statement(
+        end_with_cleanup, frozenset(),
+        {"sender": 8426, "reader": 229, "administrator": 229, "outsider": 8426}),
     "ALTER SERVICE": Statement(alter_service, frozenset({"administrator"}), 15151),
     "DROP SERVICE": Statement(drop_service, frozenset({"administrator"}), 15151),
     "DROP CONTRACT": Statement(drop_contract, frozenset({"administrator"}), 15151),

@@ -255,7 +255,8 @@ CREATE OR REPLACE FUNCTION wait_register(p_waiter_id uuid, p_queue_id integer,
                                          p_clear_stale boolean)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    PERFORM require_on_queue('RECEIVE', p_queue_id);
+    PERFORM require_visible_queue('RECEIVE', p_queue_id, 15151, 'queue',
+                                  coalesce(p_queue_id::text, 'NULL'));
     IF p_clear_stale THEN
         DELETE FROM queue_waiters
          WHERE queue_id = p_queue_id AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity);

@@ -141,12 +141,13 @@ END
 $$;
 
 -- What SEND in Python needs to validate a body of a message type: its validation and, for
--- VALID_XML, the XSD documents of its collection.
+-- VALID_XML, the XSD documents of its collection. Only for a type the login may see or could
+-- send (may_see_message_type); any other is answered as one that does not exist: no row.
 CREATE OR REPLACE FUNCTION message_type_validation(p_name text)
 RETURNS TABLE (validation_kind text, xml_collection_id integer, schemas text[])
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT t.validation_kind, t.xml_collection_id, c.schemas
       FROM message_types t
       LEFT JOIN xml_schema_collections c USING (xml_collection_id)
-     WHERE t.name = p_name
+     WHERE t.name = p_name AND may_see_message_type(t)
 $$;

@@ -79,6 +79,15 @@ BEGIN
         PERFORM raise_error(8425, p_contract);
     END IF;
     IF NOT v_may_receive AND NOT broker_is_acting() THEN
+        -- A FROM service the login may not see (nor its queue) is not found: a 229 would name
+        -- its queue.
+        IF NOT EXISTS (SELECT 1 FROM service_defs s JOIN queues q
+                                  ON q.object_id = s.service_queue_id
+                        WHERE s.service_id = v_service_id
+                          AND (may_see(17::smallint, s.service_id, s.principal_id)
+                               OR may_see(1::smallint, q.object_id, q.principal_id))) THEN
+            PERFORM raise_error(8423, p_from_service);
+        END IF;
         PERFORM raise_error(229, 'RECEIVE', v_queue_name, current_database(), v_queue_schema);
     END IF;
     IF NOT v_may_reference AND NOT broker_is_acting() THEN
@@ -110,6 +119,18 @@ BEGIN
         VALUES (v_group, v_service_id);
     END IF;
     IF v_group_service <> v_service_id THEN
+        -- A conversation and its group are seen by the readers of their service's queue only:
+        -- to anyone else another service's handle or group does not exist, and its service is
+        -- not named. (Asked only here: a condition with a query is planned on every call.)
+        IF NOT is_broker_owner()
+           AND NOT (SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+                      FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
+                     WHERE s.service_id = v_group_service) THEN
+            IF p_related_conversation IS NOT NULL THEN
+                PERFORM raise_error(8426, p_related_conversation::text);
+            END IF;
+            PERFORM raise_error(8436, p_related_conversation_group::text);
+        END IF;
         PERFORM raise_error(9610, p_from_service,
                             (SELECT name FROM service_defs WHERE service_id = v_group_service),
                             CASE WHEN p_related_conversation IS NOT NULL

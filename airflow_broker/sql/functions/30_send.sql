@@ -60,6 +60,11 @@ BEGIN
             unverified := NOT (is_broker_owner() OR broker_is_acting());
         END IF;
     ELSIF p_type.validation_kind = 'VALID_XML' THEN
+        -- The error names the type's schema collection: to a login that may not see the type,
+        -- it is a type that does not exist.
+        IF NOT may_see_message_type(p_type) THEN
+            PERFORM raise_error(8428, p_type.name);
+        END IF;
         PERFORM raise_error(50103, p_type.name,
                             (SELECT name FROM xml_schema_collections
                               WHERE xml_collection_id = p_type.xml_collection_id));
@@ -372,6 +377,10 @@ BEGIN
             PERFORM raise_error(8426, v_handle::text);
         END IF;
         IF NOT e.may_receive AND NOT broker_is_acting() THEN
+            -- A conversation is seen by the readers of its service's queue only: to a login
+            -- that may not see that queue either, the handle does not exist.
+            PERFORM require_visible_queue('RECEIVE', e.service_queue_id, 8426,
+                                          v_handle::text);
             PERFORM raise_error(229, 'RECEIVE', e.queue_name, current_database(),
                                 e.queue_schema);
         END IF;

@@ -678,12 +678,20 @@ $$;
 
 -- GET_TRANSMISSION_STATUS(handle): why the conversation's messages (or its acknowledgements)
 -- have not gone through; empty when the last transmission succeeded or none was tried.
+-- A conversation is the business of the readers of its own service's queue, as in the
+-- conversation_endpoints view: to any other login it is a handle that does not exist (8426).
 CREATE OR REPLACE FUNCTION get_transmission_status(p_handle uuid) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
     v_status text;
 BEGIN
-    SELECT transmission_status INTO v_status FROM endpoints WHERE conversation_handle = p_handle;
+    SELECT e.transmission_status INTO v_status
+      FROM endpoints e
+     WHERE e.conversation_handle = p_handle
+       AND (is_broker_owner()
+            OR (SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+                  FROM service_defs s JOIN queues q ON q.object_id = s.service_queue_id
+                 WHERE s.service_id = e.service_id));
     IF NOT FOUND THEN
         PERFORM raise_error(8426, coalesce(p_handle::text, 'NULL'));
     END IF;

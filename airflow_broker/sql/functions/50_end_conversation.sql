@@ -5,6 +5,7 @@ CREATE OR REPLACE FUNCTION lock_endpoint(p_handle uuid) RETURNS endpoints
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     e endpoints;
+    v_queue_id integer;
     v_queue_name text;
     v_queue_schema text;
     v_may_receive boolean;
@@ -21,13 +22,15 @@ BEGIN
         PERFORM raise_error(8426, p_handle::text);
     END IF;
     -- END CONVERSATION, timers and MOVE act for the endpoint's service: RECEIVE on its queue.
-    SELECT sq.name, sq.schema_name,
+    SELECT sq.object_id, sq.name, sq.schema_name,
            (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint, sq.object_id,
                                    sq.principal_id))
-      INTO v_queue_name, v_queue_schema, v_may_receive
+      INTO v_queue_id, v_queue_name, v_queue_schema, v_may_receive
       FROM service_defs s JOIN queues sq ON sq.object_id = s.service_queue_id
      WHERE s.service_id = e.service_id;
     IF NOT v_may_receive AND NOT broker_is_acting() THEN
+        -- To a login that may not see the queue either, the handle does not exist.
+        PERFORM require_visible_queue('RECEIVE', v_queue_id, 8426, p_handle::text);
         PERFORM raise_error(229, 'RECEIVE', v_queue_name, current_database(), v_queue_schema);
     END IF;
     RETURN e;

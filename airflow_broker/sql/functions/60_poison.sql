@@ -34,7 +34,8 @@ BEGIN
                                 || ARRAY(SELECT m FROM unnest(EXCLUDED.message_ids) m
                                           WHERE m <> ALL (receive_log.message_ids));
     IF NOT FOUND THEN
-        PERFORM require_on_queue('RECEIVE', p_queue_id);
+        PERFORM require_visible_queue('RECEIVE', p_queue_id, 15151, 'queue',
+                                      coalesce(p_queue_id::text, 'NULL'));
     END IF;
 END
 $$;
@@ -45,6 +46,8 @@ $$;
 -- began, a transaction that took its xid early, with a group lock, and received late was
 -- resolved before or after the rollbacks around it depending on whether a pass ran between
 -- them: the same events disabled the queue or not.) Returns the number of queues it disabled.
+-- A login other than the schema's owner resolves the queues it may RECEIVE from only: of any
+-- other it learns nothing, as of a queue that does not exist.
 CREATE OR REPLACE FUNCTION resolve_receives(p_queue_id integer DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -55,13 +58,16 @@ DECLARE
     v_streak_messages uuid[];
     v_disabled integer := 0;
     v_now timestamp := utc_now();
+    v_owner boolean := is_broker_owner();
 BEGIN
     FOR q IN
-        SELECT object_id FROM queues
+        SELECT object_id, principal_id FROM queues
          WHERE (p_queue_id IS NULL OR object_id = p_queue_id)
            AND EXISTS (SELECT 1 FROM receive_log l WHERE l.queue_id = queues.object_id)
          ORDER BY object_id
     LOOP
+        CONTINUE WHEN NOT v_owner
+                      AND NOT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id);
         -- One resolver per queue at a time; others skip it rather than wait.
         CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.poison'),
                                                     q.object_id);

@@ -207,12 +207,14 @@ SELECT n.name, n.object_id, 'QUEUE'::text AS parent_class_desc, n.queue_id AS pa
   FROM event_subscriptions n;
 
 -- The queue a BROKER_QUEUE_DISABLED event is about, and its database's name: by the event's
--- object id, or by name for an event without one.
+-- object id, or by name for an event without one. None for a queue the login may not see,
+-- as for one that does not exist.
 CREATE OR REPLACE FUNCTION queue_of_event(p_database_id oid, p_object_id integer, p_name text)
 RETURNS TABLE (name text, schema_name text, database_name name)
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT q.name, q.schema_name, d.datname
       FROM queues q
       LEFT JOIN pg_database d ON d.oid = p_database_id
-     WHERE q.object_id = p_object_id OR (q.name = p_name AND p_object_id IS NULL)
+     WHERE (q.object_id = p_object_id OR (q.name = p_name AND p_object_id IS NULL))
+       AND (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id))
 $$;

@@ -180,7 +180,8 @@ CREATE OR REPLACE FUNCTION activation_ended(p_task_id uuid, p_outcome text,
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     -- An activated reader reports its own end, as its EXECUTE AS role: a reader of the queue.
-    PERFORM require_on_queue('RECEIVE', l.queue_id)
+    PERFORM require_visible_queue('RECEIVE', l.queue_id, 15151, 'activation task',
+                                  p_task_id::text)
        FROM activation_log l WHERE l.task_id = p_task_id;
     DELETE FROM activated_tasks WHERE task_id = p_task_id;
     -- The first report wins: the reader's own, when it had the chance to make one.

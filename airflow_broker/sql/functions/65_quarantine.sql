@@ -115,7 +115,7 @@ RETURNS TABLE (quarantine_id bigint, message_id uuid, message_type_name text,
                conversation_group_id uuid, service_name text, service_contract_name text)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    PERFORM require_on_queue('RECEIVE', r.queue_id)
+    PERFORM require_visible_queue('RECEIVE', r.queue_id, 8426, p_handle::text)
        FROM quarantine r
       WHERE r.status = 'retrying' AND r.conversation_handle = p_handle
       LIMIT 1;
@@ -136,7 +136,8 @@ CREATE OR REPLACE FUNCTION settle_parked(p_quarantine_id bigint, p_outcome text,
                                          p_attempts integer, p_error text, p_traceback text)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    PERFORM require_on_queue('RECEIVE', r.queue_id)
+    PERFORM require_visible_queue('RECEIVE', r.queue_id, 15151, 'quarantined message',
+                                  p_quarantine_id::text)
        FROM quarantine r WHERE r.quarantine_id = p_quarantine_id;
     IF p_outcome = 'done' THEN
         DELETE FROM quarantine WHERE quarantine_id = p_quarantine_id;

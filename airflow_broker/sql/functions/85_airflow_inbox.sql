@@ -3,20 +3,23 @@
 -- consumer keeps its messages until the consumer has used them.
 
 -- An Airflow consumer's rows are for readers of their queues: the functions that act on a
--- consumer's rows first check RECEIVE on each of them.
+-- consumer's rows first check RECEIVE on each of them. A consumer of a queue the login may
+-- not see is not found (15151): the refusal does not name that queue.
 CREATE OR REPLACE FUNCTION require_inbox_consumers(p_consumers text[])
 RETURNS void LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues;
+    r record;
 BEGIN
     IF is_broker_owner() THEN
         RETURN;
     END IF;
-    FOR q IN SELECT f.* FROM (SELECT DISTINCT queue_name FROM airflow_inbox
-                               WHERE consumer = ANY (p_consumers)) i,
-                             find_queue(i.queue_name) f
+    FOR r IN SELECT i.consumer, f.object_id
+               FROM (SELECT DISTINCT consumer, queue_name FROM airflow_inbox
+                      WHERE consumer = ANY (p_consumers)) i,
+                    find_queue(i.queue_name) f
               WHERE f.object_id IS NOT NULL LOOP
-        PERFORM require_on_queue('RECEIVE', q);
+        PERFORM require_visible_queue('RECEIVE', r.object_id, 15151, 'Airflow consumer',
+                                      r.consumer);
     END LOOP;
 END
 $$;
@@ -27,8 +30,10 @@ RETURNS TABLE (queue_id integer, queue_name text, schema_name text, is_receive_e
                disabled_reason text, disabled_at timestamp)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := find_queue(p_queue);
+    q queues;
 BEGIN
+    -- A queue the login may not see is answered as one that does not exist.
+    SELECT * INTO q FROM visible_queue(p_queue);
     IF q.object_id IS NULL THEN
         PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
     END IF;

@@ -30,12 +30,32 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
             OR may_see(16::smallint, c.service_contract_id, c.principal_id))
 $$;
 
--- The queue named so (find_queue's rules, 50105 when ambiguous) if the login may see it.
+-- The queue named so (find_queue's rules) if the login may see it. The queues it may not see
+-- take no part: a name is ambiguous (50105) only among queues the login sees, or an error
+-- would tell it that a queue of that name exists in some other schema.
 CREATE OR REPLACE FUNCTION visible_queue(p_name text) RETURNS SETOF queues
-LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
-    SELECT q.* FROM find_queue(p_name) q
-     WHERE q.object_id IS NOT NULL
-       AND (is_broker_owner() OR may_see(1::smallint, q.object_id, q.principal_id))
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_found queues[];
+BEGIN
+    IF is_broker_owner() THEN
+        RETURN QUERY SELECT q.* FROM find_queue(p_name) q WHERE q.object_id IS NOT NULL;
+        RETURN;
+    END IF;
+    v_found := ARRAY(SELECT q FROM queues q
+                      WHERE q.name = p_name
+                        AND may_see(1::smallint, q.object_id, q.principal_id));
+    IF cardinality(v_found) > 1 THEN
+        PERFORM raise_error(50105, p_name);
+    ELSIF cardinality(v_found) = 0 AND position('.' IN coalesce(p_name, '')) > 0 THEN
+        v_found := ARRAY(SELECT q FROM queues q
+                          WHERE q.schema_name = split_part(p_name, '.', 1)
+                            AND q.name = substr(p_name,
+                                                length(split_part(p_name, '.', 1)) + 2)
+                            AND may_see(1::smallint, q.object_id, q.principal_id));
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_found);
+END
 $$;
 
 -- What a client needs of a queue it names: its id, as OBJECT_ID gives it, and whether its

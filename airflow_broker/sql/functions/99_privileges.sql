@@ -21,6 +21,9 @@ BEGIN
                    'receive_with_queue', 'get_conversation_group', 'end_conversation',
                    'end_conversation_with_error',
                    'begin_conversation_timer', 'move_conversation', 'get_transmission_status',
+                   -- What the catalog views open to PUBLIC call (a view's functions run with
+                   -- the rights of the login that selects from it).
+                   'target_security_timestamp',
                    'queue_reference', 'message_type_validation', 'broker_instance',
                    'utc_now', 'max_message_size',
                    -- A reader's own records: poison detection, WAITFOR, quarantine, runs.
