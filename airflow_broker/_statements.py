@@ -1,6 +1,10 @@
-"""What every broker statement shares: the caller's connection, the state shared by the
-Transactions of one Broker (rendered statements, catalogue caches, WAITFOR wake-ups, poison
-detection's side connection), and the mapping of database errors to BrokerError."""
+"""What every broker statement shares: the runner of statements on the caller's connection, the
+state shared by the Transactions of one Broker (rendered statements, catalogue caches, WAITFOR
+wake-ups, poison detection's side connection), and the mapping of database errors to
+BrokerError.
+
+The runner is the engine's: its COMMIT, its raw statements and its pipeline are never public
+names of a Transaction, which holds it privately (``runner_of``)."""
 
 from __future__ import annotations
 
@@ -300,3 +304,19 @@ class StatementRunner:
     def scalar(self, query: bytes | sql.SQL | sql.Composed, params: Sequence[Any] = ()) -> Any:
         rows = self.run(query, params)
         return rows[0][0] if rows else None
+
+
+class Statements:
+    """Base of the statement classes (catalog.py, permissions.py, dialogs.py, receive.py):
+    their SQL goes through a runner they hold privately, so that a Transaction's public names
+    are Service Broker's statements and nothing that could end or bypass its transaction."""
+
+    def __init__(self, runner: StatementRunner) -> None:
+        self._runner = runner
+
+
+def runner_of(statements: Statements) -> StatementRunner:
+    """The runner behind a Transaction, for the engine's own modules (readers, poison
+    detection, the worker, the provider): its own SQL in the transaction (``run``,
+    ``scalar``, ``post``), the named queries and the schema. Never handed to a user."""
+    return statements._runner

@@ -17,7 +17,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from airflow_broker import migrations
-from airflow_broker._statements import BrokerStats, Shared
+from airflow_broker._statements import BrokerStats, Shared, runner_of
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.messages import Message
 from airflow_broker.poison.detection import SideChannel
@@ -130,21 +130,24 @@ class Broker:
         with self._autocommit_connection() as conn:
             # BEGIN, COMMIT and ROLLBACK are ours: BEGIN travels with the first statement.
             tx = Transaction(conn, self.shared, begin=True)
+            # Its runner, and with it COMMIT, is this block's alone: the Transaction the user
+            # gets cannot end the transaction before the block does.
+            runner = runner_of(tx)
             try:
-                with tx.pipelined() if pipeline else contextlib.nullcontext():
+                with runner.pipelined() if pipeline else contextlib.nullcontext():
                     yield tx
-                    if tx.begun:
-                        tx.commit()
+                    if runner.begun:
+                        runner.commit()
             except BaseException:
                 if conn.info.transaction_status in (TransactionStatus.INTRANS,
                                                     TransactionStatus.INERROR):
                     # (A broken connection raises here; the pool discards it.)
                     with contextlib.suppress(psycopg.OperationalError):
                         conn.execute(b"ROLLBACK")
-                if tx.received_queues:
+                if runner.received_queues:
                     # A rolled-back receive counts towards poison detection at once.
                     self.stats.rollbacks += 1
-                    self.shared.resolve_receives(tx.received_queues)
+                    self.shared.resolve_receives(runner.received_queues)
                 raise
 
     def receive(

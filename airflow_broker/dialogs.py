@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_broker._statements import StatementRunner
+from airflow_broker._statements import Statements
 from airflow_broker.errors import (
     NOT_A_HANDLE,
     BrokerError,
@@ -50,7 +50,7 @@ def body_bytes(body: Body) -> bytes | None:
     return bytes(body)
 
 
-class ConversationStatements(StatementRunner):
+class ConversationStatements(Statements):
     def begin_dialog(
         self,
         from_service: str,
@@ -70,7 +70,7 @@ class ConversationStatements(StatementRunner):
         UUID made here, and the statement travels with the next one that has an answer, or
         with the COMMIT, which raise its errors.
         """
-        q = self.function(
+        q = self._runner.function(
             "begin_dialog", 9,
             ["text", "text", "text", "uuid", "uuid", "integer", "boolean", "text", "uuid"],
         )
@@ -82,11 +82,11 @@ class ConversationStatements(StatementRunner):
             )
         params = [from_service, to_service, contract, related_conversation,
                   related_conversation_group, lifetime, encryption, to_broker_instance]
-        if self.pipelining:
+        if self._runner.pipelining:
             handle = uuid.uuid4()
-            self.post(q, [*params, handle])
+            self._runner.post(q, [*params, handle])
             return handle
-        made: uuid.UUID = self.scalar(q, [*params, None])
+        made: uuid.UUID = self._runner.scalar(q, [*params, None])
         return made
 
     def send(
@@ -106,7 +106,7 @@ class ConversationStatements(StatementRunner):
         else:
             handles = [conversation_handle(h) for h in conversation_handles]
         q, params = self._send_call("send", handles, message_type, body)
-        self.post(q, params)
+        self._runner.post(q, params)
 
     def send_many(self, conversation_handle: uuid.UUID, message_type: str,
                   bodies: Sequence[Body]) -> None:
@@ -115,13 +115,13 @@ class ConversationStatements(StatementRunner):
         data = [body_bytes(b) for b in bodies]
         if not data:
             return
-        info = self.shared.message_type_info(self, message_type)
+        info = self._runner.shared.message_type_info(self._runner, message_type)
         checked_as = info.checked_as if info is not None else None
         problems = [verdict(info, d) if info is not None and checked_as and d else None
                     for d in data]
-        q = self.function("send_many", 5, ["uuid", "text", "bytea[]", "text", "text[]"])
-        self.post(q, [conversation_handle, message_type, data, checked_as,
-                      problems if any(p is not None for p in problems) else None])
+        q = self._runner.function("send_many", 5, ["uuid", "text", "bytea[]", "text", "text[]"])
+        self._runner.post(q, [conversation_handle, message_type, data, checked_as,
+                              problems if any(p is not None for p in problems) else None])
 
     def send_if_open(self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT",
                      body: Body = None) -> bool:
@@ -129,21 +129,22 @@ class ConversationStatements(StatementRunner):
         CONVERSING): then nothing is sent and the result is False, instead of error 8429. For
         replies, which may cross the peer's END CONVERSATION."""
         q, params = self._send_call("send_if_open", conversation_handle, message_type, body)
-        sent: bool = self.scalar(q, params)
+        sent: bool = self._runner.scalar(q, params)
         return sent
 
     def _send_call(self, function: str, handles: list[uuid.UUID] | uuid.UUID, message_type: str,
                    body: Body) -> tuple[bytes, list[Any]]:
         """The call of send() or send_if_open(), with the XML verdict of the body."""
+        runner = self._runner
         data = body_bytes(body)
-        info = self.shared.message_type_info(self, message_type)
+        info = runner.shared.message_type_info(runner, message_type)
         checked_as = None
         problem = None
         if info is not None and info.checked_as is not None and data:
             checked_as = info.checked_as
             problem = verdict(info, data)
         first = "uuid[]" if isinstance(handles, list) else "uuid"
-        q = self.function(function, 6, [first, "text", "bytea", "boolean", "text", "text"])
+        q = runner.function(function, 6, [first, "text", "bytea", "boolean", "text", "text"])
         target = handle_array(handles) if isinstance(handles, list) else handles
         return q, [target, message_type, data, body is None, checked_as, problem]
 
@@ -166,12 +167,13 @@ class ConversationStatements(StatementRunner):
             if error is not None or description is not None:
                 raise IncorrectSyntax("Incorrect syntax near 'CLEANUP': WITH ERROR and WITH "
                                        "CLEANUP exclude each other.")
-            self.post(self.function("end_conversation_with_cleanup", 1, ["uuid"]),
-                      [conversation_handle])
+            runner = self._runner
+            runner.post(runner.function("end_conversation_with_cleanup", 1, ["uuid"]),
+                        [conversation_handle])
             return
         # The four-argument form that end_conversation(handle) and
         # end_conversation_with_error() wrap: one PL/pgSQL call fewer per END.
-        q = self.function("end_conversation", 4, ["uuid", "boolean", "integer", "text"])
+        q = self._runner.function("end_conversation", 4, ["uuid", "boolean", "integer", "text"])
         with_error = error is not None or description is not None
         params = [conversation_handle, with_error, error, description]
 
@@ -185,27 +187,28 @@ class ConversationStatements(StatementRunner):
                     conversation_handle,
                 )
 
-        self.post(q, params, then=warn)
+        self._runner.post(q, params, then=warn)
 
     def get_transmission_status(self, conversation_handle: uuid.UUID) -> str:
         """GET_TRANSMISSION_STATUS: why the conversation's messages, or its acknowledgements,
         have not gone through (a route missing, the far broker unreachable, ...); empty when
         the last transmission succeeded or none was needed."""
-        status: str = self.scalar(self.function("get_transmission_status", 1, ["uuid"]),
-                                  [conversation_handle])
+        runner = self._runner
+        status: str = runner.scalar(runner.function("get_transmission_status", 1, ["uuid"]),
+                                    [conversation_handle])
         return status
 
     def begin_conversation_timer(self, conversation_handle: uuid.UUID, timeout: int) -> dt.datetime:
         """BEGIN CONVERSATION TIMER: a DialogTimer message arrives on this endpoint's own queue
         after ``timeout`` seconds (a second call replaces the deadline). Returns the deadline
         (UTC)."""
-        q = self.function("begin_conversation_timer", 2, ["uuid", "integer"])
-        due: dt.datetime = self.scalar(q, [conversation_handle, timeout])
+        q = self._runner.function("begin_conversation_timer", 2, ["uuid", "integer"])
+        due: dt.datetime = self._runner.scalar(q, [conversation_handle, timeout])
         return due
 
     def move_conversation(
         self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
     ) -> None:
         """MOVE CONVERSATION into another group of the same service; both groups are locked."""
-        q = self.function("move_conversation", 2, ["uuid", "uuid"])
-        self.post(q, [conversation_handle, conversation_group_id])
+        q = self._runner.function("move_conversation", 2, ["uuid", "uuid"])
+        self._runner.post(q, [conversation_handle, conversation_group_id])

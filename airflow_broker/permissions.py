@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from airflow_broker._statements import StatementRunner
+from airflow_broker._statements import Statements
 
 
 @dataclass(frozen=True)
@@ -25,30 +25,33 @@ class Permission:
     state_desc: str
 
 
-class PermissionStatements(StatementRunner):
+class PermissionStatements(Statements):
     def grant(self, permission: str, on: str, to: str, *,
               with_grant_option: bool = False) -> None:
         """GRANT ``permission`` ON ``on`` TO ``to`` [WITH GRANT OPTION]."""
-        q = self.function("grant_permission", 4, ["text", "text", "text", "boolean"])
-        self.run(q, [permission, on, to, with_grant_option])
+        q = self._runner.function("grant_permission", 4, ["text", "text", "text", "boolean"])
+        self._runner.run(q, [permission, on, to, with_grant_option])
 
     def deny(self, permission: str, on: str, to: str) -> None:
         """DENY ``permission`` ON ``on`` TO ``to``: wins over every GRANT to the role and to
         the roles it is a member of."""
-        self.run(self.function("deny_permission", 3, ["text", "text", "text"]),
-                 [permission, on, to])
+        runner = self._runner
+        runner.run(runner.function("deny_permission", 3, ["text", "text", "text"]),
+                   [permission, on, to])
 
     def revoke(self, permission: str, on: str, to: str) -> None:
         """REVOKE ``permission`` ON ``on`` FROM ``to``: removes a GRANT or a DENY."""
-        self.run(self.function("revoke_permission", 3, ["text", "text", "text"]),
-                 [permission, on, to])
+        runner = self._runner
+        runner.run(runner.function("revoke_permission", 3, ["text", "text", "text"]),
+                   [permission, on, to])
 
     def alter_authorization(self, on: str, to: str) -> None:
         """ALTER AUTHORIZATION ON ``on`` TO ``to``; ``"SCHEMA OWNER"`` gives the object back
         to the owner of the broker schema."""
-        self.run(self.function("alter_authorization", 2, ["text", "text"]), [on, to])
+        runner = self._runner
+        runner.run(runner.function("alter_authorization", 2, ["text", "text"]), [on, to])
 
     def database_permissions(self) -> list[Permission]:
         """Every GRANT and DENY on the broker's objects."""
-        rows = self.run(self.queries["database_permissions"])
+        rows = self._runner.run(self._runner.queries["database_permissions"])
         return [Permission(*row) for row in rows]

@@ -8,14 +8,14 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-from airflow_broker._statements import StatementRunner
+from airflow_broker._statements import Statements
 from airflow_broker.errors import BrokerError, IncorrectSyntax
 from airflow_broker.messages import Message
 
 T = TypeVar("T")
 
 
-class ReceiveStatements(StatementRunner):
+class ReceiveStatements(Statements):
     def receive(
         self,
         queue_name: str,
@@ -33,16 +33,17 @@ class ReceiveStatements(StatementRunner):
         ``timeout`` seconds (None: no limit) have passed, and then returns an empty list; it
         holds no lock while it waits.
         """
-        q = self.queries["receive"]
+        runner = self._runner
+        q = runner.queries["receive"]
         params = [queue_name, top, conversation_handle, conversation_group_id]
 
         def once() -> list[Message]:
-            rows = self.run(q, params)
+            rows = runner.run(q, params)
             messages = [Message(*row[:16]) for row in rows]
             if messages:
-                self.locked_groups({m.conversation_group_id for m in messages})
+                runner.locked_groups({m.conversation_group_id for m in messages})
                 xid, queue_id, poison_handling = rows[0][16:19]
-                self.received_from(queue_id, xid, messages, poison_handling)
+                runner.received_from(queue_id, xid, messages, poison_handling)
             return messages
 
         return self._waitfor(queue_name, once, bool, waitfor, timeout, [])
@@ -52,12 +53,13 @@ class ReceiveStatements(StatementRunner):
     ) -> uuid.UUID | None:
         """GET CONVERSATION GROUP: locks and returns the next group with ready messages, or
         None when there is none (after ``timeout`` seconds with ``waitfor``)."""
-        q = self.function("get_conversation_group", 1, ["text"])
+        runner = self._runner
+        q = runner.function("get_conversation_group", 1, ["text"])
 
         def once() -> uuid.UUID | None:
-            group: uuid.UUID | None = self.scalar(q, [queue_name])
+            group: uuid.UUID | None = runner.scalar(q, [queue_name])
             if group is not None:
-                self.locked_groups({group})
+                runner.locked_groups({group})
             return group
 
         return self._waitfor(queue_name, once, lambda g: g is not None, waitfor, timeout, None)
@@ -81,9 +83,10 @@ class ReceiveStatements(StatementRunner):
         if found(result) or not waitfor:
             return result
         deadline = None if timeout is None else time.monotonic() + timeout
-        queue_id = self.shared.queue_id(self, queue_name)
-        poll = self.shared.poll_interval
-        with self.shared.wakeups.waiting(queue_id) as waiter:
+        shared = self._runner.shared
+        queue_id = shared.queue_id(self._runner, queue_name)
+        poll = shared.poll_interval
+        with shared.wakeups.waiting(queue_id) as waiter:
             # A SEND that looked for waiters just before this one was registered, and commits
             # just after the check below, sends no NOTIFY: the first polls come quickly, so
             # that race costs milliseconds, and the rest at the poll interval.

@@ -22,6 +22,7 @@ from dataclasses import asdict
 
 from psycopg import sql
 
+from airflow_broker._statements import runner_of
 from airflow_broker.messages import Message
 from airflow_broker.readers.queue_reader import ReaderContext
 
@@ -42,7 +43,8 @@ def consume(message: Message, ctx: ReaderContext) -> None:
     # Every message is handled without failing, so the batch's last one is the one after
     # which processed catches up with received.
     if ctx.stats.processed + 1 == ctx.stats.received:
-        ctx.tx.run(_MARK, [f"{os.getpid()}-{id(ctx.stats)}", first, now, ctx.stats.received])
+        runner_of(ctx.tx).run(
+            _MARK, [f"{os.getpid()}-{id(ctx.stats)}", first, now, ctx.stats.received])
 
 
 def main(argv: list[str] | None = None) -> int:

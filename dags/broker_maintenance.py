@@ -72,10 +72,10 @@ def broker_maintenance() -> None:
     @task
     def leak_report() -> list[dict[str, Any]]:
         with BrokerHook(CONN_ID) as hook, hook.transaction() as tx:
-            rows = tx.run(sql.SQL(
+            rows = tx.conn.execute(sql.SQL(
                 "SELECT service_name, far_service, leaked, oldest"
                 " FROM {}.leaked_endpoint_counts ORDER BY leaked DESC").format(
-                    sql.Identifier(hook.schema)))
+                    sql.Identifier(hook.schema))).fetchall()
         report = [{"service_name": s, "far_service": f, "leaked": int(n),
                    "oldest": None if o is None else o.isoformat()} for s, f, n, o in rows]
         for line in report:
@@ -90,11 +90,11 @@ def broker_maintenance() -> None:
         ti: Any = get_current_context()["ti"]
         with BrokerHook(CONN_ID) as hook:
             with hook.transaction() as tx:
-                rows = tx.run(sql.SQL(
+                rows = tx.conn.execute(sql.SQL(
                     "SELECT consumer, state, dag_id, run_id, sum(messages)::bigint,"
                     " min(oldest_claimed_at) FROM {}.airflow_inbox_summary"
                     " GROUP BY consumer, state, dag_id, run_id ORDER BY consumer").format(
-                        sql.Identifier(hook.schema)))
+                        sql.Identifier(hook.schema))).fetchall()
             purged = 0
             held = []
             for consumer, state, dag_id, run_id, messages, oldest in rows:

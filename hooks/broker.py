@@ -19,6 +19,7 @@ from airflow.sdk import BaseHook
 from psycopg.conninfo import make_conninfo
 
 from airflow_broker import Broker, Message, Transaction, decode_body
+from airflow_broker._statements import runner_of
 from airflow_broker.migrations import pending
 from airflow_broker.queries import DEFAULT_SCHEMA
 
@@ -314,7 +315,8 @@ class BrokerHook(BaseHook):
                   None if conversation_group_id is None else str(conversation_group_id),
                   list(message_type_names) if message_type_names else None, dag_id, run_id]
         with self.transaction() as tx:
-            rows = tx.run(tx.queries["inbox_claim"], params)
+            runner = runner_of(tx)
+            rows = runner.run(runner.queries["inbox_claim"], params)
         return [inbox_row_to_dict(row) for row in rows]
 
     def peek(
@@ -332,12 +334,13 @@ class BrokerHook(BaseHook):
                   None if conversation_group_id is None else str(conversation_group_id),
                   list(message_type_names) if message_type_names else None]
         with self.transaction() as tx:
-            return [Message(*row) for row in tx.run(tx.queries["peek"], params)]
+            runner = runner_of(tx)
+            return [Message(*row) for row in runner.run(runner.queries["peek"], params)]
 
     def queue_state(self, queue_name: str) -> dict[str, Any]:
         """Whether the queue is enabled, and why not (``disabled_reason``: ADMIN or POISON)."""
         with self.transaction() as tx:
-            cursor = tx.conn.execute(tx.queries["airflow_queue_state"], [queue_name])
+            cursor = tx.conn.execute(runner_of(tx).queries["airflow_queue_state"], [queue_name])
             names = [d.name for d in cursor.description or ()]
             row = cursor.fetchone()
         return dict(zip(names, row or (), strict=False))
@@ -352,14 +355,16 @@ class BrokerHook(BaseHook):
                     int(payload["inbox_id"]))
         removed = 0
         with self.transaction() as tx:
+            runner = runner_of(tx)
             for consumer, ids in by_consumer.items():
-                removed += int(tx.scalar(tx.queries["inbox_ack"], [consumer, ids]) or 0)
+                removed += int(runner.scalar(runner.queries["inbox_ack"], [consumer, ids]) or 0)
         return removed
 
     def ack_consumer(self, consumer: str) -> int:
         """Removes everything ``consumer`` holds."""
         with self.transaction() as tx:
-            return int(tx.scalar(tx.queries["inbox_ack_consumer"], [consumer]) or 0)
+            runner = runner_of(tx)
+            return int(runner.scalar(runner.queries["inbox_ack_consumer"], [consumer]) or 0)
 
     @contextmanager
     def consume(self, items: Iterable[Any]) -> Iterator[tuple[Transaction, list[Message]]]:
@@ -383,8 +388,10 @@ class BrokerHook(BaseHook):
             consumed: set[int] = set()
             if payloads:
                 keys = sorted(payloads, key=lambda key: key[1])
-                rows = tx.run(tx.queries["inbox_consume"], [[consumer for consumer, _ in keys],
-                                      [inbox_id for _, inbox_id in keys]])
+                runner = runner_of(tx)
+                rows = runner.run(runner.queries["inbox_consume"],
+                                  [[consumer for consumer, _ in keys],
+                                   [inbox_id for _, inbox_id in keys]])
                 consumed = {int(row[0]) for row in rows}
             skipped = len(payloads) - len(consumed)
             if skipped:

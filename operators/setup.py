@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from airflow_broker import Transaction
+from airflow_broker._statements import runner_of
 from airflow_broker.errors import BrokerError, InvalidSpec
 from airflow_broker.operators._base import BrokerBaseOperator
 
@@ -101,7 +102,8 @@ class _Catalog:
         self.tx = tx
 
     def rows(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.tx.run(self.tx.queries[query], params or [])
+        runner = runner_of(self.tx)
+        return runner.run(runner.queries[query], params or [])
 
     def xml_collection(self, name: str) -> list[str] | None:
         rows = self.rows("spec_xml_collection", [name])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import PokeReturnValue
 
+from airflow_broker._statements import runner_of
 from airflow_broker.admin.enable_queue import queue_status
 from airflow_broker.events import BROKER_QUEUE_DISABLED, EventInstance, queue_disabled_event
 from airflow_broker.hooks.broker import BrokerHook, message_from_dict
@@ -108,7 +109,8 @@ class QueueDisabledSensor(BrokerWaitSensor):
         if not watched:
             return {}
         with hook.transaction() as tx:
-            rows = tx.run(tx.queries["queue_ids"], [watched])
+            runner = runner_of(tx)
+            rows = runner.run(runner.queries["queue_ids"], [watched])
         return {str(name): queue_id for name, queue_id in rows}
 
     def _prepare(self, hook: BrokerHook) -> dict[str, int | None]:
@@ -158,8 +160,9 @@ class QueueDisabledSensor(BrokerWaitSensor):
             if event is None:
                 continue
             with hook.transaction() as tx:
-                found = tx.run(tx.queries["disabled_queue_of_event"],
-                               [event.database_id, event.object_id, event.object_name])
+                runner = runner_of(tx)
+                found = runner.run(runner.queries["disabled_queue_of_event"],
+                                   [event.database_id, event.object_id, event.object_name])
             queue_name = found[0][0] if found else event.object_name
             if watched and queue_name not in watched:
                 continue

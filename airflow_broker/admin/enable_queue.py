@@ -12,6 +12,7 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
 from airflow_broker.errors import InvalidObjectName
 
@@ -51,7 +52,8 @@ class EnableResult:
 def queue_status(broker: Broker, queue_name: str) -> QueueStatus:
     """The queue's state from ``queue_status``; BrokerError 208 when there is no such queue."""
     with broker.transaction() as tx:
-        rows = tx.run(tx.queries["queue_status"], [queue_name])
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["queue_status"], [queue_name])
     if not rows:
         raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
     name, schema_name, enabled, reason, since, ready, poison = rows[0]

@@ -61,7 +61,7 @@ def define_application(broker: Broker) -> None:
         tx.create_queue("BrokerageQueue", schema=SCHEMA)
         tx.create_service(TRADER_SERVICE, "TraderQueue")
         tx.create_service(BROKERAGE_SERVICE, "BrokerageQueue", [CONTRACT])
-        tx.run(sql.SQL(
+        tx.conn.execute(sql.SQL(
             "CREATE TABLE {}.booked_trades (trade_id integer PRIMARY KEY, account text NOT NULL,"
             " sequence bigint NOT NULL, symbol text NOT NULL, quantity integer NOT NULL,"
             " reader text NOT NULL, booked_at timestamptz NOT NULL DEFAULT clock_timestamp())"
@@ -113,9 +113,9 @@ def brokerage_reader(broker: Broker, name: str, result: DemoResult, lock: thread
             for trade in trades:
                 doc = trade.xml()
                 assert doc is not None
-                tx.run(booked, [int(doc.get("id", "0")), doc.get("account"),
-                                trade.message_sequence_number, doc.findtext("symbol"),
-                                int(doc.findtext("quantity") or 0), name])
+                tx.conn.execute(booked, [int(doc.get("id", "0")), doc.get("account"),
+                                         trade.message_sequence_number, doc.findtext("symbol"),
+                                         int(doc.findtext("quantity") or 0), name])
                 tx.send(trade.conversation_handle, TRADE_ACK,
                         f'<ack trade="{doc.get("id")}" status="booked"/>')
                 if doc.get("final") == "yes":

@@ -58,7 +58,7 @@ def say(text: str) -> None:
 
 
 def _count(tx: Any, query: str) -> int:
-    rows = tx.run(sql.SQL(query).format(s=sql.Identifier(SCHEMA)))
+    rows = tx.conn.execute(sql.SQL(query).format(s=sql.Identifier(SCHEMA)), ()).fetchall()
     return int(rows[0][0]) if rows else 0
 
 
@@ -97,7 +97,7 @@ def build_demo_dag() -> Any:
                     tx.create_event_notification(
                         "airflow_broker_queue_disabled", "SettlementQueue",
                         ["BROKER_QUEUE_DISABLED"], "//airflow-broker/QueueDisabledAlerts")
-                    tx.run(sql.SQL(
+                    tx.conn.execute(sql.SQL(
                         "CREATE TABLE {}.booked_trades (trade_id integer PRIMARY KEY,"
                         " account text NOT NULL, sequence bigint NOT NULL, symbol text,"
                         " quantity integer NOT NULL, pid integer,"

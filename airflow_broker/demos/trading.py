@@ -99,9 +99,9 @@ def book_trade(message: Message, ctx: ReaderContext) -> None:
     quantity = int(trade.findtext("quantity") or "0")
     if quantity <= 0:
         raise ValueError(f"trade {trade.get('id')}: quantity {quantity} is not positive")
-    ctx.tx.run(sql.SQL(
+    ctx.tx.conn.execute(sql.SQL(
         "INSERT INTO {}.booked_trades (trade_id, account, sequence, symbol, quantity, pid)"
-        " VALUES (%s, %s, %s, %s, %s, %s)").format(sql.Identifier(ctx.tx.schema)),
+        " VALUES (%s, %s, %s, %s, %s, %s)").format(sql.Identifier(ctx.schema)),
         [int(trade.get("id", "0")), trade.get("account"), message.message_sequence_number,
          trade.findtext("symbol"), quantity, os.getpid()])
     acknowledge_trade(message, ctx)

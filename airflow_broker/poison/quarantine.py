@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
 from airflow_broker.messages import decode_body
 
@@ -36,7 +37,8 @@ class QuarantinedMessage:
 def list_quarantined(broker: Broker, queue_name: str | None = None,
                      include_resolved: bool = False) -> list[QuarantinedMessage]:
     with broker.transaction() as tx:
-        rows = tx.run(tx.queries["quarantined_messages"],
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["quarantined_messages"],
                       [queue_name, queue_name, include_resolved])
     return [QuarantinedMessage(*row) for row in rows]
 
@@ -44,15 +46,17 @@ def list_quarantined(broker: Broker, queue_name: str | None = None,
 def replay(broker: Broker, quarantine_ids: Sequence[int]) -> int:
     """Puts the messages back on their conversations, in sequence order; all or none."""
     with broker.transaction() as tx:
-        call = tx.function("replay_quarantined", 1)
+        runner = runner_of(tx)
+        call = runner.function("replay_quarantined", 1)
         for quarantine_id in sorted(quarantine_ids):
-            tx.run(call, [quarantine_id])
+            runner.run(call, [quarantine_id])
     return len(quarantine_ids)
 
 
 def discard(broker: Broker, quarantine_ids: Sequence[int]) -> int:
     with broker.transaction() as tx:
-        call = tx.function("discard_quarantined", 1)
+        runner = runner_of(tx)
+        call = runner.function("discard_quarantined", 1)
         for quarantine_id in quarantine_ids:
-            tx.run(call, [quarantine_id])
+            runner.run(call, [quarantine_id])
     return len(quarantine_ids)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
 from airflow_broker.callables import load_callable
 from airflow_broker.dialogs import Body
@@ -85,6 +86,12 @@ class ReaderContext:
     queue_name: str
     stats: ReaderStats
     ended: set[uuid.UUID] = field(default_factory=set)
+
+    @property
+    def schema(self) -> str:
+        """The reader's broker schema, for the handler's SQL on the broker's views or on
+        tables beside them (run on ``tx.conn``, in the reader's transaction)."""
+        return runner_of(self.tx).schema
 
     def send(self, conversation_handle: uuid.UUID, message_type: str, body: Body = None) -> None:
         self.tx.send(conversation_handle, message_type, body)
@@ -292,8 +299,9 @@ class QueueReader:
 
     def _quarantine(self, ctx: ReaderContext, message: Message, error: str, tb: str | None,
                     attempts: int, status: str = "quarantined") -> None:
-        ctx.tx.scalar(
-            ctx.tx.function("quarantine_message", 13),
+        runner = runner_of(ctx.tx)
+        runner.scalar(
+            runner.function("quarantine_message", 13),
             [self.config.queue_name, message.conversation_handle, message.conversation_group_id,
              message.service_name, message.service_contract_name, message.message_type_name,
              message.message_sequence_number, message.message_id, message.message_body, error,
@@ -309,14 +317,16 @@ class QueueReader:
     def _parked_conversations(self, tx: Transaction, handles: set[uuid.UUID]) -> set[uuid.UUID]:
         if not self.poison.parks:
             return set()
-        rows = tx.run(tx.queries["parked_conversations"], [list(handles)])
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["parked_conversations"], [list(handles)])
         return {r[0] for r in rows}
 
     def _retry_parked(self, ctx: ReaderContext, conversation: uuid.UUID) -> bool:
         """The DialogTimer of a conversation with parked messages: try them again, in order.
         True while some still wait for a later retry."""
-        queries = ctx.tx.queries
-        rows = ctx.tx.run(queries["parked_messages"], [conversation])
+        runner = runner_of(ctx.tx)
+        queries = runner.queries
+        rows = runner.run(queries["parked_messages"], [conversation])
         for (qid, message_id, type_name, seq, body, attempts, group, service,
              contract) in rows:
             message = Message(1, 5, 0, group, conversation, seq, service, 0, contract, 0,
@@ -334,18 +344,18 @@ class QueueReader:
                     action = Action.QUARANTINE
                 self._event(message, attempts, exc, action.value)
                 if action is Action.QUARANTINE:
-                    ctx.tx.run(queries["parked_message_settle"],
+                    runner.run(queries["parked_message_settle"],
                                [qid, "quarantined", attempts, f"{type(exc).__name__}: {exc}",
                                 traceback.format_exc()])
                     self.stats.quarantined += 1
                     # What waited behind it is released, in order, for the next timer.
                     continue
-                ctx.tx.run(queries["parked_message_settle"],
+                runner.run(queries["parked_message_settle"],
                            [qid, "failed", attempts, f"{type(exc).__name__}: {exc}", None])
                 ctx.tx.begin_conversation_timer(conversation, self.config.retry_delay)
                 self.stats.retried += 1
                 return True
-            ctx.tx.run(queries["parked_message_settle"], [qid, "done", None, None, None])
+            runner.run(queries["parked_message_settle"], [qid, "done", None, None, None])
             self.stats.processed += 1
         return False
 

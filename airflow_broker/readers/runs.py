@@ -15,6 +15,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_broker._statements import runner_of
+
 if TYPE_CHECKING:
     from airflow_broker.broker import Broker
     from airflow_broker.transaction import Transaction
@@ -33,7 +35,8 @@ class ReaderStats:
 
 
 def _call(tx: Transaction, function: str, args: list[Any]) -> Any:
-    return tx.scalar(tx.function(function, len(args)), args)
+    runner = runner_of(tx)
+    return runner.scalar(runner.function(function, len(args)), args)
 
 
 def begin_run(broker: Broker, run_id: uuid.UUID, queue_name: str, plan: dict[str, Any]) -> None:

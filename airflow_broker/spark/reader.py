@@ -108,11 +108,13 @@ def read_partition(args: argparse.Namespace, index: int) -> Iterator[dict[str, A
 def queue_readers(dsn: str, schema: str | None, queue: str) -> int:
     """The queue's MAX_QUEUE_READERS (at least 1); also checks the queue exists before Spark
     starts."""
+    from airflow_broker._statements import runner_of
     from airflow_broker.broker import Broker
     from airflow_broker.errors import InvalidObjectName
 
     with Broker(dsn, schema=schema, max_connections=1) as broker, broker.transaction() as tx:
-        found = tx.run(tx.queries["queue_readers"], [queue])
+        runner = runner_of(tx)
+        found = runner.run(runner.queries["queue_readers"], [queue])
     if not found:
         raise InvalidObjectName(f"Invalid object name '{queue}'.")
     return max(int(found[0][0] or 0), 1)

@@ -20,6 +20,7 @@ import time
 import psycopg
 from psycopg import sql
 
+from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
 from airflow_broker.errors import QueueDisabledError
 
@@ -44,9 +45,10 @@ def drain_with_procedure(broker: Broker, queue_name: str, procedure: str, *,
     while time.monotonic() - idle_since < idle_exit:
         try:
             with broker.transaction() as tx:
-                tx.expect_receive(queue_name)
-                tx.run(call)
-                received = bool(tx.scalar(tx.queries["messages_taken_in_transaction"]))
+                runner = runner_of(tx)
+                runner.expect_receive(queue_name)
+                runner.run(call)
+                received = bool(runner.scalar(runner.queries["messages_taken_in_transaction"]))
         except QueueDisabledError as exc:
             log.error("queue %s is disabled, the reader stops: %s", queue_name, exc)
             break

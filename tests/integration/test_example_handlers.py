@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.demos.trading import (
     BROKERAGE_SERVICE,
     CONTRACT,
@@ -126,5 +127,6 @@ def test_brokerage_handler_acknowledges_and_ends_first(broker: Broker) -> None:
         assert [m.is_end_dialog for m in replies] == [False, False, False, True]
         tx.end_conversation(handle)
     with broker.transaction() as tx:
-        rows = tx.run(sql.SQL("SELECT is_initiator, state FROM broker.conversation_endpoints"))
+        rows = runner_of(tx).run(
+            sql.SQL("SELECT is_initiator, state FROM broker.conversation_endpoints"))
     assert rows == [(False, "CD")]  # nothing left open on either side

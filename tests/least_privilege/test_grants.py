@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.admin.doctor import diagnose
 from airflow_broker.errors import (
     BrokerError,
@@ -53,10 +54,10 @@ def test_send_permission_of_the_initiating_services_owner(objects: str,
     message is not delivered and the initiator gets SQL Server's Error -8494."""
     with admin(objects) as b, b.transaction() as tx:
         tx.alter_authorization("SERVICE::a_I", app_a)
-        rows = tx.run(b"SELECT name, principal_id FROM broker.services"
-                      b" WHERE name IN ('a_I', 'b_T')")
+        rows = runner_of(tx).run(b"SELECT name, principal_id FROM broker.services"
+                                 b" WHERE name IN ('a_I', 'b_T')")
         owners: dict[object, object] = dict(rows)
-        role_oid = tx.scalar(b"SELECT %s::regrole::oid::bigint", [app_a])
+        role_oid = runner_of(tx).scalar(b"SELECT %s::regrole::oid::bigint", [app_a])
     # The catalog shows the owner; 1 (dbo) for the schema owner's.
     assert owners == {"a_I": role_oid, "b_T": 1}
     with login(objects, app_a) as a:
@@ -154,11 +155,11 @@ def test_objects_belong_to_the_login_that_creates_them(objects: str) -> None:
             with pytest.raises(ObjectNotFound), r.transaction() as tx:
                 tx.drop_queue("own_q")
         with admin(objects) as b, b.transaction() as tx:
-            owner = tx.scalar(b"SELECT pg_get_userbyid(principal_id)::text"
-                              b" FROM broker.queues WHERE name = 'own_q'")
+            owner = runner_of(tx).scalar(b"SELECT pg_get_userbyid(principal_id)::text"
+                                         b" FROM broker.queues WHERE name = 'own_q'")
             tx.create_queue("given_q", authorization=rival)
-            given = tx.scalar(b"SELECT pg_get_userbyid(principal_id)::text"
-                              b" FROM broker.queues WHERE name = 'given_q'")
+            given = runner_of(tx).scalar(b"SELECT pg_get_userbyid(principal_id)::text"
+                                         b" FROM broker.queues WHERE name = 'given_q'")
         assert (owner, given) == (maker, rival)
 
 

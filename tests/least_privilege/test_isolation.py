@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.errors import (
     BrokerError,
     InvalidObjectName,
@@ -96,8 +97,9 @@ def test_an_application_cannot_touch_anothers_conversations(apps: Apps, attempt:
             tx.begin_dialog("b_I", "b_T", "b_C")
         else:
             # Rolled-back receives it never made would disable B's queue.
-            tx.run(b"SELECT broker.register_receive(%s, '1'::xid8, ARRAY[gen_random_uuid()], 1)",
-                   [queue_id(apps.dsn, "b_q_t")])
+            runner_of(tx).run(
+                b"SELECT broker.register_receive(%s, '1'::xid8, ARRAY[gen_random_uuid()], 1)",
+                [queue_id(apps.dsn, "b_q_t")])
     if attempt in NOT_FOUND:
         # A's login may not see B's conversations, services and queues: what it named is not
         # found, and nothing of B's it did not name is named to it (no queue behind a handle,
@@ -131,16 +133,16 @@ def test_an_application_cannot_look_up_anothers_queue(apps: Apps) -> None:
                      " 'b_readers.secret:handle', p_max_queue_readers => 1)")
     with login(apps.dsn, apps.a) as a:
         with a.transaction() as tx:
-            assert tx.run(b"SELECT * FROM broker.queue_reference('b_q_t')") == []
-            assert tx.run(b"SELECT * FROM broker.queue_reference('a_q_t')") == [
+            assert runner_of(tx).run(b"SELECT * FROM broker.queue_reference('b_q_t')") == []
+            assert runner_of(tx).run(b"SELECT * FROM broker.queue_reference('a_q_t')") == [
                 (queue_id(apps.dsn, "a_q_t"), True)]
-            assert tx.run(b"SELECT * FROM broker.queue_definition('b_q_t')") == []
+            assert runner_of(tx).run(b"SELECT * FROM broker.queue_definition('b_q_t')") == []
         with pytest.raises(InvalidObjectName), a.transaction() as tx:
-            tx.shared.queue_id(tx, "b_q_t")
+            runner_of(tx).shared.queue_id(runner_of(tx), "b_q_t")
         with pytest.raises(psycopg.errors.InsufficientPrivilege), a.transaction() as tx:
-            tx.run(b"SELECT activation_procedure FROM broker.find_queue('b_q_t')")
+            runner_of(tx).run(b"SELECT activation_procedure FROM broker.find_queue('b_q_t')")
     with login(apps.dsn, apps.b) as b, b.transaction() as tx:
-        assert tx.run(b"SELECT * FROM broker.queue_reference('b_q_t')") == [
+        assert runner_of(tx).run(b"SELECT * FROM broker.queue_reference('b_q_t')") == [
             (queue_id(apps.dsn, "b_q_t"), True)]
 
 
@@ -168,8 +170,9 @@ def test_an_application_cannot_read_or_write_anothers_reader_runs(apps: Apps) ->
                 attempt()
             assert named in str(refused.value)
         with pytest.raises(ObjectNotFound) as refused, a.transaction() as tx:
-            tx.run(b"SELECT broker.reader_attempt_progress(%s, 0, 0, '{\"received\": 1000}',"
-                   b" '[]')", [run_id])
+            runner_of(tx).run(
+                b"SELECT broker.reader_attempt_progress(%s, 0, 0, '{\"received\": 1000}', '[]')",
+                [run_id])
         assert "reader run" in str(refused.value)
     assert snapshot(apps.dsn) == before
     with login(apps.dsn, apps.b) as b:
@@ -188,15 +191,15 @@ def test_each_application_sees_its_own_part_of_the_catalog_views(apps: Apps) -> 
     with login(apps.dsn, apps.a) as a, a.transaction() as tx:
         handle = tx.begin_dialog("a_I", "a_T", "a_C")
         tx.send(handle, "a_Req", b"held")
-        queues = {r[0] for r in tx.run(b"SELECT name FROM broker.service_queues")}
-        services = {r[0] for r in tx.run(b"SELECT name FROM broker.services")}
-        endpoints = {r[0] for r in tx.run(
+        queues = {r[0] for r in runner_of(tx).run(b"SELECT name FROM broker.service_queues")}
+        services = {r[0] for r in runner_of(tx).run(b"SELECT name FROM broker.services")}
+        endpoints = {r[0] for r in runner_of(tx).run(
             b"SELECT far_service FROM broker.conversation_endpoints")}
-        held = tx.run(b"SELECT to_service_name FROM broker.transmission_queue")
+        held = runner_of(tx).run(b"SELECT to_service_name FROM broker.transmission_queue")
     assert queues == {"a_q_i", "a_q_t"}
     assert services == {"a_I", "a_T"}
     assert endpoints == {"a_T"}
     assert held == [("a_T",)]
     with Broker(apps.dsn) as owner, owner.transaction() as tx:
-        everything = {r[0] for r in tx.run(b"SELECT name FROM broker.service_queues")}
+        everything = {r[0] for r in runner_of(tx).run(b"SELECT name FROM broker.service_queues")}
     assert {"a_q_i", "a_q_t", "b_q_i", "b_q_t"} <= everything

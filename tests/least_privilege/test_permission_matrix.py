@@ -28,6 +28,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.errors import BrokerError
 from airflow_broker.transaction import Transaction
 from tests.support import roles
@@ -192,7 +193,7 @@ def drop_message_type(tx: Transaction, s: Setup) -> object:
 
 
 def take_ownership(tx: Transaction, s: Setup) -> object:
-    tx.alter_authorization("QUEUE::q_spare", str(tx.scalar(b"SELECT session_user")))
+    tx.alter_authorization("QUEUE::q_spare", str(runner_of(tx).scalar(b"SELECT session_user")))
     return None
 
 
@@ -295,11 +296,12 @@ def setup(owned_dsn: str, other_role: str) -> Setup:
         tx.send(initiator, "Req", b"first")
         other = tx.begin_dialog("I", "T", "C")
     with Broker(owned_dsn) as admin, admin.transaction() as tx:
-        target = tx.scalar(b"SELECT far_handle FROM broker.endpoints"
-                           b" WHERE conversation_handle = %s", [initiator])
-        other_group = tx.scalar(b"SELECT conversation_group_id FROM broker.endpoints"
-                                b" WHERE conversation_handle = %s", [other])
-        queue_id = tx.scalar(b"SELECT object_id FROM broker.queues WHERE name = 'q_t'")
+        runner = runner_of(tx)
+        target = runner.scalar(b"SELECT far_handle FROM broker.endpoints"
+                               b" WHERE conversation_handle = %s", [initiator])
+        other_group = runner.scalar(b"SELECT conversation_group_id FROM broker.endpoints"
+                                    b" WHERE conversation_handle = %s", [other])
+        queue_id = runner.scalar(b"SELECT object_id FROM broker.queues WHERE name = 'q_t'")
     return Setup(owned_dsn, initiator, target, other_group, queue_id, other_role)
 
 

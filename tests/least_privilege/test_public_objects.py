@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.errors import BrokerError
 from tests.support import roles
 from tests.support.privileges import Application, login, snapshot
@@ -202,17 +203,17 @@ def test_message_type_validation_shows_a_type_only_to_who_could_send_it(
     it."""
     query = b"SELECT * FROM broker.message_type_validation(%s)"
     with login(other.dsn, app_a) as a, a.transaction() as tx:
-        assert tx.run(query, ["b_Doc"]) == []
-        assert tx.run(query, ["no such type"]) == []
-        assert tx.run(query, ["a_Req"]) == [("NONE", None, None)]
-        assert tx.run(query, ["DEFAULT"]) == [("NONE", None, None)]
+        assert runner_of(tx).run(query, ["b_Doc"]) == []
+        assert runner_of(tx).run(query, ["no such type"]) == []
+        assert runner_of(tx).run(query, ["a_Req"]) == [("NONE", None, None)]
+        assert runner_of(tx).run(query, ["DEFAULT"]) == [("NONE", None, None)]
     sender = roles.broker_grant("REFERENCES", "CONTRACT::b_DocC")
     reader = roles.broker_grant("RECEIVE", "QUEUE::b_q_t")
     for grant in (sender, reader):
         with roles.role(other.dsn, *roles.APPLICATION_GRANTS, grant, prefix="app_b",
                         login=True) as b_name, \
                 login(other.dsn, b_name) as b, b.transaction() as tx:
-            ((kind, _, schemas),) = tx.run(query, ["b_Doc"])
+            ((kind, _, schemas),) = runner_of(tx).run(query, ["b_Doc"])
             assert (kind, schemas) == ("VALID_XML", [XSD])
 
 
@@ -228,10 +229,10 @@ def test_a_queue_name_is_ambiguous_only_among_the_queues_a_login_may_see(
         conn.execute("SELECT broker.create_queue('b_q_t', p_schema => 'b_private')")
     with login(other.dsn, app_a) as a, a.transaction() as tx:
         for function in ("queue_reference", "queue_definition", "queue_state"):
-            assert tx.run(f"SELECT * FROM broker.{function}('b_q_t')".encode()) == []
+            assert runner_of(tx).run(f"SELECT * FROM broker.{function}('b_q_t')".encode()) == []
     with Broker(other.dsn) as owner, pytest.raises(BrokerError) as ambiguous, \
             owner.transaction() as tx:
-        tx.run(b"SELECT * FROM broker.queue_reference('b_q_t')")
+        runner_of(tx).run(b"SELECT * FROM broker.queue_reference('b_q_t')")
     assert ambiguous.value.number == 50105
 
 
@@ -280,7 +281,7 @@ def test_an_id_or_handle_of_anothers_object_is_not_found(
     before = snapshot(other.dsn)
     with login(other.dsn, app_a) as a, pytest.raises(BrokerError) as refused, \
             a.transaction() as tx:
-        tx.run(call.encode(), params)
+        runner_of(tx).run(call.encode(), params)
     assert refused.value.number == number, refused.value
     leaked = [s for s in other.secrets()
               if s in str(refused.value) and s not in call and s not in map(str, params)]
@@ -298,11 +299,12 @@ def test_poison_resolution_parked_conversations_and_events_skip_anothers_queues(
                      " 1)", [other.queue_id])
     before = snapshot(other.dsn)
     with login(other.dsn, app_a) as a, a.transaction() as tx:
-        assert tx.run(b"SELECT * FROM broker.queue_of_event(%s, %s, NULL)",
-                      [other.database_id, other.queue_id]) == []
-        assert tx.run(b"SELECT * FROM broker.queue_of_event(NULL, NULL, 'b_q_t')") == []
-        assert tx.run(b"SELECT * FROM broker.parked_conversations(%s)", [[other.target]]) == []
-        assert tx.scalar(b"SELECT broker.resolve_receives(%s)", [other.queue_id]) == 0
+        runner = runner_of(tx)
+        assert runner.run(b"SELECT * FROM broker.queue_of_event(%s, %s, NULL)",
+                          [other.database_id, other.queue_id]) == []
+        assert runner.run(b"SELECT * FROM broker.queue_of_event(NULL, NULL, 'b_q_t')") == []
+        assert runner.run(b"SELECT * FROM broker.parked_conversations(%s)", [[other.target]]) == []
+        assert runner.scalar(b"SELECT broker.resolve_receives(%s)", [other.queue_id]) == 0
     assert snapshot(other.dsn) == before
 
 
@@ -407,6 +409,6 @@ def test_a_login_that_may_see_the_queue_is_still_refused_with_229(other: Other) 
         ]
         for call, params in calls:
             with pytest.raises(BrokerError) as refused, a.transaction() as tx:
-                tx.run(call.encode(), params)
+                runner_of(tx).run(call.encode(), params)
             assert refused.value.number == 229, (call, refused.value)
             assert "'b_q_" in str(refused.value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.admin.enable_queue import enable_queue, queue_status
 from airflow_broker.errors import InvalidObjectName, ObjectNotFound
 from tests.support import roles
@@ -29,7 +30,7 @@ def held(owned_dsn: str) -> str:
                 assert tx.receive("HeldQueue")
                 raise RuntimeError("the reader fails")
         with dba.transaction() as tx:
-            tx.scalar(b"SELECT broker.resolve_receives()")
+            runner_of(tx).scalar(b"SELECT broker.resolve_receives()")
     return owned_dsn
 
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.errors import BrokerError
 from airflow_broker.transaction import Transaction
 from tests.support import roles
@@ -149,7 +150,7 @@ def test_end_conversation_with_cleanup_is_the_owners(objects: str, reader: str) 
         initiator = tx.begin_dialog("I", "T", "C")
         tx.send(initiator, "Req", b"x")
     with Broker(objects) as admin, admin.transaction() as tx:
-        target = tx.scalar(b"SELECT far_handle FROM broker.endpoints"
-                           b" WHERE conversation_handle = %s", [initiator])
+        target = runner_of(tx).scalar(b"SELECT far_handle FROM broker.endpoints"
+                                      b" WHERE conversation_handle = %s", [initiator])
     error = refusal(objects, reader, lambda tx: tx.end_conversation(target, cleanup=True))
     assert (error.number, "CONTROL" in str(error)) == (229, True)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.errors import CreatePermissionDenied, ObjectExists
 from airflow_broker.operators.setup import apply_spec
 from tests.support import roles
@@ -75,19 +76,19 @@ def test_an_administrator_sets_up_its_application_and_applies_it_again(
                 assert message.message_body == b"<order/>"
                 raise RuntimeError("the reader fails")
         with broker.transaction() as tx:
-            tx.scalar(b"SELECT broker.resolve_receives()")
-            assert tx.run(b"SELECT is_receive_enabled FROM broker.service_queues"
-                          b" WHERE name = 's_q_t'") == [(False,)]
+            runner_of(tx).scalar(b"SELECT broker.resolve_receives()")
+            assert runner_of(tx).run(b"SELECT is_receive_enabled FROM broker.service_queues"
+                                     b" WHERE name = 's_q_t'") == [(False,)]
         with broker.transaction() as tx:
             (event,) = tx.receive("s_alerts", waitfor=True, timeout=5)
             assert "BROKER_QUEUE_DISABLED" in (event.message_body or b"").decode("utf-16")
     with Broker(owned_dsn) as owner, owner.transaction() as tx:
-        owned = tx.run(b"SELECT q.name FROM broker.queues q JOIN pg_roles r"
-                       b" ON r.oid = q.principal_id WHERE r.rolname = %s ORDER BY 1",
-                       [administrator])
+        owned = runner_of(tx).run(b"SELECT q.name FROM broker.queues q JOIN pg_roles r"
+                                  b" ON r.oid = q.principal_id WHERE r.rolname = %s ORDER BY 1",
+                                  [administrator])
         # The broker's own event-notification service, created then, is the schema owner's.
-        system = tx.run(b"SELECT principal_id FROM broker.queues"
-                        b" WHERE name = 'EventNotificationQueue'")
+        system = runner_of(tx).run(b"SELECT principal_id FROM broker.queues"
+                                   b" WHERE name = 'EventNotificationQueue'")
     assert [name for (name,) in owned] == ["s_alerts", "s_q_i", "s_q_t"]
     assert system == [(None,)]
 

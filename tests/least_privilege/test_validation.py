@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from airflow_broker import ERROR, Broker
+from airflow_broker._statements import runner_of
 from airflow_broker.worker import BrokerWorker
 from tests.support import roles
 from tests.support.privileges import login
@@ -71,8 +72,8 @@ def test_a_forged_verdict_delivers_nothing(xml: Xml, message_type: str, verdict:
     assert collection is not None
     with login(xml.dsn, xml.sender) as sender, sender.transaction() as tx:
         handle = tx.begin_dialog("I", "T", "X")
-        tx.run(b"SELECT broker.send(ARRAY[%s]::uuid[], %s, %s::bytea, false, %s, NULL)",
-               [handle, message_type, body, verdict.format(collection=collection[0])])
+        runner_of(tx).run(b"SELECT broker.send(ARRAY[%s]::uuid[], %s, %s::bytea, false, %s, NULL)",
+                          [handle, message_type, body, verdict.format(collection=collection[0])])
     assert received(xml.dsn, "q_t") == []
     worker_pass(xml.dsn)
     assert received(xml.dsn, "q_t") == []
@@ -80,7 +81,7 @@ def test_a_forged_verdict_delivers_nothing(xml: Xml, message_type: str, verdict:
         (error,) = tx.receive("q_i")
         assert error.message_type_name == ERROR
         assert error.error().code == -9615
-        assert tx.scalar(b"SELECT count(*) FROM broker.transmissions") == 0
+        assert runner_of(tx).scalar(b"SELECT count(*) FROM broker.transmissions") == 0
 
 
 def test_valid_bodies_of_an_untrusted_sender_arrive_in_order_once_validated(xml: Xml) -> None:

@@ -10,18 +10,20 @@ import psycopg
 from psycopg import sql
 
 from airflow_broker import Transaction
+from airflow_broker._statements import runner_of
 from airflow_broker.worker.activation import ActivationContext
 
 
 def _stop_requested(ctx: ActivationContext) -> bool:
     with ctx.broker.transaction() as tx:
-        rows = tx.run(sql.SQL("SELECT stop FROM public.reader_control"))
+        rows = runner_of(tx).run(sql.SQL("SELECT stop FROM public.reader_control"))
     return bool(rows and rows[0][0])
 
 
 def _record(ctx: ActivationContext, tx: Transaction, message_ids: list[uuid.UUID]) -> None:
-    tx.run(sql.SQL("INSERT INTO public.processed (message_id, task_id)"
-                   " SELECT m, %s FROM unnest(%s::uuid[]) m"), [ctx.task_id, message_ids])
+    runner_of(tx).run(sql.SQL("INSERT INTO public.processed (message_id, task_id)"
+                              " SELECT m, %s FROM unnest(%s::uuid[]) m"),
+                      [ctx.task_id, message_ids])
 
 
 def receive_one(ctx: ActivationContext) -> None:
@@ -65,8 +67,8 @@ def fail_after_receive(ctx: ActivationContext) -> None:
 def whoami(ctx: ActivationContext) -> None:
     with ctx.broker.transaction() as tx:
         messages = tx.receive(ctx.queue_name)
-        tx.run(sql.SQL("INSERT INTO public.reader_identity (role_name, messages)"
-                       " VALUES (current_user, %s)"), [len(messages)])
+        runner_of(tx).run(sql.SQL("INSERT INTO public.reader_identity (role_name, messages)"
+                                  " VALUES (current_user, %s)"), [len(messages)])
 
 
 def hold_group(ctx: ActivationContext) -> None:
@@ -96,5 +98,6 @@ def credentials_check(ctx: ActivationContext) -> None:
             escalated = f"refused: {exc.sqlstate}"
     with ctx.broker.transaction() as tx:
         messages = tx.receive(ctx.queue_name)
-        tx.run(sql.SQL("INSERT INTO public.reader_credentials VALUES (%s, %s, %s, %s, %s)"),
-               [current, session, escalated, secrets, len(messages)])
+        runner_of(tx).run(
+            sql.SQL("INSERT INTO public.reader_credentials VALUES (%s, %s, %s, %s, %s)"),
+            [current, session, escalated, secrets, len(messages)])

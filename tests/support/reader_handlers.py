@@ -11,13 +11,14 @@ from lxml import etree
 from psycopg import sql
 
 from airflow_broker import Message
+from airflow_broker._statements import runner_of
 from airflow_broker.poison.strategies import Action, Failure, PoisonStrategy
 from airflow_broker.readers.queue_reader import ReaderContext
 
 
 def _book(message: Message, ctx: ReaderContext) -> str:
     doc = etree.fromstring(message.message_body or b"")  # malformed trades raise here
-    ctx.tx.run(sql.SQL(
+    runner_of(ctx.tx).run(sql.SQL(
         "INSERT INTO public.results (message_id, conversation_handle, sequence, trade, pid)"
         " VALUES (%s, %s, %s, %s, %s)"),
         [message.message_id, message.conversation_handle, message.message_sequence_number,
@@ -49,7 +50,7 @@ def book_trades(frame: Any, ctx: ReaderContext) -> list[object]:
 
 def flaky_until_fixed(message: Message, ctx: ReaderContext) -> str:
     """Fails while public.handler_fixed says false."""
-    rows = ctx.tx.run(sql.SQL("SELECT fixed FROM public.handler_fixed"))
+    rows = runner_of(ctx.tx).run(sql.SQL("SELECT fixed FROM public.handler_fixed"))
     if not rows or not rows[0][0]:
         raise RuntimeError("the handler has a bug")
     return _book(message, ctx)

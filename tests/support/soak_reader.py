@@ -11,6 +11,7 @@ import time
 from psycopg import sql
 
 from airflow_broker import Broker
+from airflow_broker._statements import runner_of
 
 
 def main(dsn: str) -> None:
@@ -20,7 +21,7 @@ def main(dsn: str) -> None:
             with broker.transaction() as tx:
                 batch = tx.receive("q_t", rng.randint(1, 20), waitfor=True, timeout=1.0)
                 if batch:
-                    tx.run(sql.SQL(
+                    runner_of(tx).run(sql.SQL(
                         "INSERT INTO public.soak_log (conversation_handle, seq, body)"
                         " SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::text[])"),
                         [[m.conversation_handle for m in batch],

@@ -16,7 +16,8 @@ def book(message: Any, ctx: Any) -> None:
         raise ValueError(f"cannot book {body!r}")
     # A little work per message, so a reader can be killed in the middle of the queue.
     time.sleep(0.003)
-    ctx.tx.run("INSERT INTO public.cluster_results (message_id, conversation_handle,"
-               " sequence, body, host, pid) VALUES (%s, %s, %s, %s, %s, %s)",
-               [message.message_id, message.conversation_handle,
-                message.message_sequence_number, body, socket.gethostname(), os.getpid()])
+    ctx.tx.conn.execute("INSERT INTO public.cluster_results (message_id, conversation_handle,"
+                        " sequence, body, host, pid) VALUES (%s, %s, %s, %s, %s, %s)",
+                        [message.message_id, message.conversation_handle,
+                         message.message_sequence_number, body, socket.gethostname(),
+                         os.getpid()])
