@@ -200,6 +200,31 @@ def test_T_PM_01_a_commit_resets_the_count(watched: App) -> None:
                                  " WHERE name = 'q_t'") == 4
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["plain", "pipelined"])
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_T_PM_01_a_block_cannot_end_its_transaction_early_and_escape_the_count(
+    watched: App, ending: str, pipeline: bool
+) -> None:
+    """A Transaction has no commit() or rollback(): only the block's end commits. A handler
+    that tries gets AttributeError, its RECEIVE still runs in the block's transaction, and
+    five rollbacks of it disable the queue. (With an early COMMIT the RECEIVE would run in
+    autocommit: the message gone at once, and its rollback never counted.)"""
+    broker = watched.broker
+    fill(watched, 1)
+    for attempt in range(5):
+        assert is_enabled(broker), f"disabled after {attempt} rollbacks"
+        with pytest.raises(RuntimeError), broker.transaction(pipeline=pipeline) as tx:
+            with pytest.raises(AttributeError):
+                getattr(tx, ending)()
+            assert tx.receive("q_t", 1)
+            raise RuntimeError("processing fails")
+    assert not is_enabled(broker)
+    assert count(broker, "SELECT count(*) FROM broker.queue_messages"
+                         " WHERE queue_id = (SELECT object_id FROM broker.queues"
+                         " WHERE name = 'q_t')") == 1
+    assert broker.stats.rollbacks == 5
+
+
 def test_T_PM_01_poison_handling_off_never_disables(watched: App) -> None:
     with watched.broker.transaction() as tx:
         tx.alter_queue("q_t", poison_message_handling=False)
