@@ -311,6 +311,9 @@ class Statements:
     their SQL goes through a runner they hold privately, so that a Transaction's public names
     are Service Broker's statements and nothing that could end or bypass its transaction."""
 
+    # No __dict__: a Transaction is made for every transaction, and has nothing else to hold.
+    __slots__ = ("_runner",)
+
     def __init__(self, runner: StatementRunner) -> None:
         self._runner = runner
 

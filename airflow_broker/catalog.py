@@ -15,6 +15,8 @@ from airflow_broker.validation import compile_schema
 
 
 class CatalogStatements(PermissionStatements):
+    __slots__ = ()
+
     def create_message_type(
         self, name: str, validation: str = "NONE", *, schema_collection: str | None = None,
         authorization: str | None = None,

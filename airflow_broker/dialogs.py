@@ -51,6 +51,8 @@ def body_bytes(body: Body) -> bytes | None:
 
 
 class ConversationStatements(Statements):
+    __slots__ = ()
+
     def begin_dialog(
         self,
         from_service: str,

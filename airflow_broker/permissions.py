@@ -26,6 +26,8 @@ class Permission:
 
 
 class PermissionStatements(Statements):
+    __slots__ = ()
+
     def grant(self, permission: str, on: str, to: str, *,
               with_grant_option: bool = False) -> None:
         """GRANT ``permission`` ON ``on`` TO ``to`` [WITH GRANT OPTION]."""

@@ -16,6 +16,8 @@ T = TypeVar("T")
 
 
 class ReceiveStatements(Statements):
+    __slots__ = ()
+
     def receive(
         self,
         queue_name: str,

@@ -32,14 +32,17 @@ class Transaction(CatalogStatements, ConversationStatements, ReceiveStatements):
     an exception rolls back (and counts a rolled-back RECEIVE for poison detection).
     """
 
+    __slots__ = ()
+
     def __init__(self, conn: psycopg.Connection[TupleRow], shared: Shared, *,
                  begin: bool = False) -> None:
-        super().__init__(StatementRunner(conn, shared, begin=begin))
+        self._runner = StatementRunner(conn, shared, begin=begin)
 
     @property
     def conn(self) -> psycopg.Connection[TupleRow]:
         """The connection, in this transaction: your own statements on it commit or roll back
-        with the broker's."""
+        with the broker's. Leave COMMIT and ROLLBACK to ``Broker.transaction()``: a
+        transaction ended on the connection would leave the rest of the block in autocommit."""
         return self._runner.conn
 
     @contextmanager
