@@ -57,8 +57,10 @@ class Shared:
         self.side = side
         self.poll_interval = poll_interval
         self.stats = BrokerStats()
+        # Message types are forgotten by this Broker's DDL; queue ids are never kept (a
+        # queue dropped and created again by another process gets a new id, which a long-lived
+        # process would not see), so WAITFOR and expect_receive look them up each time.
         self._message_types: dict[str, MessageTypeInfo | None] = {}
-        self._queue_ids: dict[str, int] = {}
         self._lock = threading.Lock()
         # Whether this Broker's role may record receives for poison detection (checked once).
         self._can_record = False
@@ -81,15 +83,10 @@ class Shared:
             self._message_types.clear()
 
     def queue_id(self, runner: StatementRunner, queue_name: str) -> int:
-        with self._lock:
-            known = self._queue_ids.get(queue_name)
-        if known is not None:
-            return known
+        """The queue's id as of now: one statement, made only before a WAITFOR waits."""
         found = runner.scalar(self.queries["queue_id"], [queue_name])
         if found is None:
             raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
-        with self._lock:
-            self._queue_ids[queue_name] = int(found)
         return int(found)
 
     def check_poison_record(self, runner: StatementRunner) -> None:
@@ -190,8 +187,11 @@ class StatementRunner:
         """Registers this transaction for poison-message detection before code this process
         does not see receives in it (an activated PostgreSQL procedure): if it rolls back, it
         counts as a rolled-back receive of the queue."""
-        queue_id = self.shared.queue_id(self, queue_name)
-        self.received_from(queue_id, self.scalar(self.queries["current_xid"]), [], True)
+        rows = self.run(self.queries["queue_id_and_xid"], [queue_name])
+        if not rows or rows[0][0] is None:
+            raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
+        queue_id, xid = rows[0]
+        self.received_from(int(queue_id), xid, [], True)
 
     def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
         """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the

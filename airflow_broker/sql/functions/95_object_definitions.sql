@@ -61,10 +61,16 @@ $$;
 -- What a client needs of a queue it names: its id, as OBJECT_ID gives it, and whether its
 -- rolled-back receives are counted for poison detection. No row when there is no such queue
 -- or the login may not see it, so a name tells nobody more than the catalog views do.
+-- PL/pgSQL, so that its statement is planned once a session: a WAITFOR that waits looks its
+-- queue up every time (a queue's id is not kept), and a SQL function with settings is
+-- planned anew on every call.
 CREATE OR REPLACE FUNCTION queue_reference(p_name text)
 RETURNS TABLE (object_id integer, is_poison_message_handling_enabled boolean)
-LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
-    SELECT object_id, is_poison_message_handling_enabled FROM visible_queue(p_name)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY SELECT q.object_id, q.is_poison_message_handling_enabled
+                   FROM visible_queue(p_name) q;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION queue_definition(p_name text)

@@ -161,8 +161,10 @@ SELECT current_user::text,
 
 -- Activated PostgreSQL procedures (airflow_broker.worker.procedures)
 
--- current_xid --
-SELECT pg_current_xact_id()::text
+-- queue_id_and_xid --
+-- The queue an activated procedure will receive from, and its transaction, for poison
+-- detection's record (NULL for a queue the login may not see).
+SELECT (SELECT object_id FROM {schema}.queue_reference(%s)), pg_current_xact_id()::text
 
 -- messages_taken_in_transaction --
 -- Whether this transaction has received anything so far: RECEIVE deletes a message from
