@@ -69,7 +69,6 @@ class Broker:
         self.dsn = resolved
         self.role = role
         self.application_name = application_name
-        self.poll_interval = poll_interval
         self.pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
             self.dsn,
             min_size=min_connections,
@@ -83,6 +82,16 @@ class Broker:
         # Poison detection's records, which must survive the caller's rollback.
         self.shared = Shared(self.queries, WakeUps(self.dsn, self.schema),
                              SideChannel(self.dsn, application_name, role), poll_interval)
+
+    @property
+    def poll_interval(self) -> float:
+        """Seconds between a WAITFOR's polls, in case a wake-up is missed; one value, which
+        every Transaction of this Broker reads."""
+        return self.shared.poll_interval
+
+    @poll_interval.setter
+    def poll_interval(self, seconds: float) -> None:
+        self.shared.poll_interval = seconds
 
     def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
         # Every statement of this Broker runs as the role, for what PostgreSQL checks itself
