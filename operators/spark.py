@@ -8,11 +8,13 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
 
 # Failures of a run written into the task log, one line each; the rest are counted.
 LOGGED_EVENTS = 20
+
+# The last lines of spark-submit's output that a failed job's error carries (the Spark
+# provider 6.3 adds them to its own error; 5.x gives only the exit code).
+SUBMIT_OUTPUT_LINES = 20
 
 
 def default_spark_binary() -> str:
@@ -257,6 +263,35 @@ class ActivatedReaderOperator(SparkSubmitOperator):
                     "with py_files yourself")
         return kept
 
+    def _get_hook(self) -> SparkSubmitHook:
+        """The provider's hook, keeping the last lines of spark-submit's output (which it
+        writes into the task log line by line) for the error of a failed job."""
+        hook = super()._get_hook()
+        self._submit_output: deque[str] = deque(maxlen=SUBMIT_OUTPUT_LINES)
+        process = getattr(hook, "_process_spark_submit_log", None)
+        mask = getattr(hook, "_mask_cmd", None)
+        if process is None or mask is None:
+            return hook
+
+        def keep(lines: Iterable[Any]) -> None:
+            def kept() -> Iterator[Any]:
+                for line in lines:
+                    self._submit_output.append(mask([str(line).strip()]))
+                    yield line
+            process(kept())
+
+        hook._process_spark_submit_log = keep  # type: ignore[method-assign,assignment]
+        return hook
+
+    def job_failure(self, error: Exception) -> str:
+        """The job's error as the task reports it: the provider's, with spark-submit's last
+        lines of output when it does not give them itself."""
+        reason = str(error)
+        output = getattr(self, "_submit_output", None)
+        if output and "spark-submit output" not in reason:
+            reason += "\nLast spark-submit output:\n" + "\n".join(output)
+        return reason
+
     def spark_home(self) -> str | None:
         return pip_spark_home(self._spark_binary or default_spark_binary())
 
@@ -285,7 +320,8 @@ class ActivatedReaderOperator(SparkSubmitOperator):
                     super().execute(context)
             except Exception as exc:
                 job_error = exc
-                self.log.error("the Spark job of reader run %s failed: %s", run_id, exc)
+                self.log.error("the Spark job of reader run %s failed: %s", run_id,
+                               self.job_failure(exc))
             finally:
                 self.properties_file = user_properties
             try:
@@ -301,7 +337,8 @@ class ActivatedReaderOperator(SparkSubmitOperator):
                 # Raised here, the summary's error is its __context__; the job's, its cause.
                 raise ReaderRunFailed(
                     f"reader run {run_id} of queue {self.queue_name} failed: the Spark job: "
-                    f"{job_error}\n(and the run's summary could not be read: {summary_error})"
+                    f"{self.job_failure(job_error)}\n"
+                    f"(and the run's summary could not be read: {summary_error})"
                 ) from job_error
         self.report(summary)
         if job_error is not None or summary["failed_readers"]:
@@ -309,7 +346,8 @@ class ActivatedReaderOperator(SparkSubmitOperator):
                       if summary["failed_readers"] else "")
             raise ReaderRunFailed(
                 f"reader run {run_id} of queue {self.queue_name} failed: {failed}"
-                f"the Spark job: {job_error or 'succeeded'}") from job_error
+                "the Spark job: "
+                f"{self.job_failure(job_error) if job_error else 'succeeded'}") from job_error
         return summary
 
     def report(self, summary: dict[str, Any]) -> None:
