@@ -8,11 +8,13 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 
@@ -31,6 +33,10 @@ if TYPE_CHECKING:
 # Failures of a run written into the task log, one line each; the rest are counted.
 LOGGED_EVENTS = 20
 
+# The last lines of spark-submit's output that a failed job's error carries (the Spark
+# provider 6.3 adds them to its own error; 5.x gives only the exit code).
+SUBMIT_OUTPUT_LINES = 20
+
 
 def default_spark_binary() -> str:
     """spark-submit of the environment Airflow runs in (pip-installed pyspark puts it next to
@@ -43,6 +49,16 @@ def default_spark_binary() -> str:
 
 class ReaderRunFailed(RuntimeError):
     """A reader of the run failed for good (Spark gave up on its task), or the job failed."""
+
+
+# The Spark provider's durable mode reconnects a retried task to the application an earlier
+# try submitted (YARN with yarn_track_via_rm_api, Kubernetes with track_driver_via_k8s_api).
+# That application reports under the earlier try's run id, which the new try does not know,
+# so the operator submits anew on every try instead: the new readers go on with what is left
+# in the queue (every message is received and processed in one transaction).
+NOT_DURABLE = ("ActivatedReaderOperator submits the readers anew on every try (durable=False): "
+               "a reconnected application would report under an earlier try's run id; the "
+               "new readers go on with what is left in the queue")
 
 
 @contextmanager
@@ -142,9 +158,16 @@ class ActivatedReaderOperator(SparkSubmitOperator):
             raise IncorrectSyntax("python_environment must be packed or cluster")
         kwargs.setdefault("name", f"broker-reader-{queue_name}")
         conf = {"spark.ui.enabled": "false", **(kwargs.pop("conf", None) or {})}
+        if kwargs.get("durable") or kwargs.get("reconnect_on_retry"):
+            raise IncorrectSyntax(NOT_DURABLE)
         super().__init__(application=spark_reader.__file__, conn_id=conn_id,
                          spark_binary=spark_binary or default_spark_binary(), conf=conf,
                          **kwargs)
+        # Every try submits anew, see NOT_DURABLE: durable is the Spark provider's from 6.2
+        # (ResumableJobMixin), reconnect_on_retry its name in 6.1.
+        for attribute in ("durable", "reconnect_on_retry"):
+            if hasattr(self, attribute):
+                setattr(self, attribute, False)
         self.queue_name = queue_name
         self.handler = handler
         self.broker_conn_id = broker_conn_id
@@ -187,8 +210,9 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         spark_cluster.check_deploy_mode(master, deploy_mode)
         self.application_args = self.reader_arguments(schema, run_id)
         conf = dict(self.conf or {})
-        if self.ship_handler:
-            self.py_files = _join(self.py_files, *spark_shipping.handler_py_files(self.handler))
+        shipped = (spark_shipping.handler_py_files(self.handler) if self.ship_handler
+                   else [])
+        self.py_files = _join(*self._own_py_files(shipped), *shipped)
         if "spark.pyspark.python" not in conf:
             if spark_cluster.manager(master) == "local":
                 # The executors are this machine's Airflow task: its interpreter has it all
@@ -215,6 +239,59 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         self.properties_file = str(spark_cluster.write_properties(
             work_dir / "reader.properties", settings, include=include))
 
+    def _own_py_files(self, shipped: list[str]) -> list[str]:
+        """The ``py_files`` given to the operator, without the handler's module it ships
+        itself. Spark adds every file by its name: a second file of the same name fails the
+        job (FileAlreadyExistsException, in the driver's log only), so it is refused here."""
+        kept: list[str] = []
+        for path in (p.strip() for p in (self.py_files or "").split(",")):
+            if not path:
+                continue
+            name = os.path.basename(path)
+            twin = next((s for s in [*shipped, *kept] if os.path.basename(s) == name), None)
+            if twin is None:
+                kept.append(path)
+            elif os.path.realpath(path) == os.path.realpath(twin):
+                self.log.info("py_files: %s is shipped once (the operator ships the handler's "
+                              "module itself unless ship_handler=False)", path)
+            else:
+                raise ValueError(
+                    f"py_files names {path} and {twin}, two files called {name}: Spark adds "
+                    "files by their name and fails the job on the second "
+                    "(FileAlreadyExistsException). The operator ships the handler's module "
+                    "itself: leave it out of py_files, or set ship_handler=False and ship it "
+                    "with py_files yourself")
+        return kept
+
+    def _get_hook(self) -> SparkSubmitHook:
+        """The provider's hook, keeping the last lines of spark-submit's output (which it
+        writes into the task log line by line) for the error of a failed job."""
+        hook = super()._get_hook()
+        self._submit_output: deque[str] = deque(maxlen=SUBMIT_OUTPUT_LINES)
+        process = getattr(hook, "_process_spark_submit_log", None)
+        mask = getattr(hook, "_mask_cmd", None)
+        if process is None or mask is None:
+            return hook
+
+        def keep(lines: Iterable[Any]) -> None:
+            def kept() -> Iterator[Any]:
+                for line in lines:
+                    self._submit_output.append(mask([str(line).strip()]))
+                    yield line
+            process(kept())
+
+        hook._process_spark_submit_log = keep  # type: ignore[method-assign,assignment]
+        return hook
+
+    def job_failure(self, error: Exception) -> str:
+        """The job's error as the task reports it: the provider's, with spark-submit's last
+        lines of output when it does not give them itself."""
+        reason = str(error)
+        output = getattr(self, "_submit_output", None)
+        if output and "spark-submit output" not in reason:
+            reason += "\nLast spark-submit output:\n" + "\n".join(output)
+        return reason
+
     def spark_home(self) -> str | None:
         return pip_spark_home(self._spark_binary or default_spark_binary())
 
@@ -237,22 +314,40 @@ class ActivatedReaderOperator(SparkSubmitOperator):
                           "strategy %s, run %s", self.queue_name,
                           self.readers or "MAX_QUEUE_READERS", self.handler,
                           self.poison_strategy, run_id)
-            job_error: BaseException | None = None
+            job_error: Exception | None = None
             try:
                 with _environment(self.submit_environment(info.dsn)):
                     super().execute(context)
             except Exception as exc:
                 job_error = exc
+                self.log.error("the Spark job of reader run %s failed: %s", run_id,
+                               self.job_failure(exc))
             finally:
                 self.properties_file = user_properties
-            summary = reader_runs.run_summary(hook.get_broker(), run_id)
+            try:
+                summary = reader_runs.run_summary(hook.get_broker(), run_id)
+            except Exception as summary_error:
+                if job_error is None:
+                    raise
+                # The driver never got to the database (spark-submit or the provider refused
+                # the job, the driver failed to start), or the database is out of reach: the
+                # job's own reason comes first, the summary's error after it.
+                self.log.error("and the summary of reader run %s could not be read: %s",
+                               run_id, summary_error)
+                # Raised here, the summary's error is its __context__; the job's, its cause.
+                raise ReaderRunFailed(
+                    f"reader run {run_id} of queue {self.queue_name} failed: the Spark job: "
+                    f"{self.job_failure(job_error)}\n"
+                    f"(and the run's summary could not be read: {summary_error})"
+                ) from job_error
         self.report(summary)
         if job_error is not None or summary["failed_readers"]:
             failed = (f"readers {summary['failed_readers']} failed for good; "
                       if summary["failed_readers"] else "")
             raise ReaderRunFailed(
                 f"reader run {run_id} of queue {self.queue_name} failed: {failed}"
-                f"the Spark job: {job_error or 'succeeded'}") from job_error
+                "the Spark job: "
+                f"{self.job_failure(job_error) if job_error else 'succeeded'}") from job_error
         return summary
 
     def report(self, summary: dict[str, Any]) -> None:

@@ -51,10 +51,11 @@ class InstalledProject:
 
 
 def _package_sources() -> list[str]:
-    """Top-level folders the wheel is built from, as pyproject.toml maps them."""
+    """Top-level folders the wheel is built from, those of pyproject.toml's packages (the
+    Airflow parts are linked into airflow_broker/, and copied through the links)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    package_dirs: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
-    return sorted({d.split("/")[0] for d in package_dirs.values()})
+    packages: list[str] = config["tool"]["setuptools"]["packages"]
+    return sorted({p.split(".")[0] for p in packages})
 
 
 def build_wheel(work: Path) -> Path:

@@ -102,16 +102,17 @@ def test_airflow_cli_lists_the_installed_provider(installed: tuple[Path, dict[st
         in outputs["notifications"]
 
 
-def test_providers_page_links_to_the_documentation(installed: tuple[Path, dict[str, str]]
-                                                   ) -> None:
-    """Airflow takes documentation-url from the distribution's "Documentation" project URL;
-    without one the Providers page links to airflow.apache.org/docs/airflow-broker/<version>/,
-    which does not exist."""
-    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+def test_the_provider_names_no_address_it_does_not_have(
+        installed: tuple[Path, dict[str, str]]) -> None:
+    """Airflow takes documentation-url from the distribution's "Documentation" project URL.
+    The project has no public home, so its metadata names none (rather than a repository that
+    does not exist), and the provider info only links to PostgreSQL."""
+    assert "urls" not in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     (info,) = run_airflow(installed, ["providers", "get", "airflow-broker", "--full",
                                       "-o", "json"])
-    assert info["documentation-url"] == urls["Documentation"]
-    assert urls["Documentation"].endswith("/docs/airflow.md")
+    assert info["documentation-url"] is None
+    assert [i["external-doc-url"] for i in info["integrations"]] == [
+        "https://www.postgresql.org/"]
 
 
 def test_every_example_dag_imports(installed: tuple[Path, dict[str, str]]) -> None:

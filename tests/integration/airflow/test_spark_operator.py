@@ -3,6 +3,7 @@ submits for each cluster manager: what it ships, and where the DSN's password go
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import stat
@@ -13,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from psycopg.conninfo import conninfo_to_dict
 
 from airflow_broker.operators import ActivatedReaderOperator
@@ -176,3 +178,182 @@ def test_a_reader_that_fails_for_good_fails_the_task(
     assert summary["failed_readers"] and summary.get("received", 0) == 0
     assert any(a["status"] == "failed" and "no_such_handler" in a["error"]
                for a in summary["per_attempt"])
+
+
+# A stand-in for spark-submit on the cluster managers this machine does not have: it records
+# its arguments and answers as spark-submit does. On success it plays the driver that the
+# cluster runs: with the DSN the properties file gives the driver (YARN's application master,
+# Kubernetes' driver pod), it begins and finishes the reader run, with no reader.
+STAND_IN = '''#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open({record!r}, "a") as out:
+    out.write(json.dumps(args) + "\\n")
+outcome = os.environ.get("STAND_IN_OUTCOME", "success")
+if outcome != "success":
+    print("Exception in thread \\"main\\" org.apache.spark.SparkException: " + outcome)
+    print("\\tat org.apache.spark.deploy.SparkSubmit.error(SparkSubmit.scala:1044)")
+    sys.exit(1)
+properties = dict(line.split("=", 1) for line in
+                  open(args[args.index("--properties-file") + 1]).read().splitlines()
+                  if "=" in line and not line.startswith("#"))
+dsn = (properties.get("spark.yarn.appMasterEnv.AIRFLOW_BROKER_DSN")
+       or properties["spark.kubernetes.driverEnv.AIRFLOW_BROKER_DSN"])
+app_args = args[next(i for i, a in enumerate(args) if a.endswith("reader.py")) + 1:]
+run_id = app_args[app_args.index("--run-id") + 1]
+queue = app_args[app_args.index("--queue") + 1]
+import uuid
+from airflow_broker import Broker
+from airflow_broker.readers import runs
+with Broker(dsn) as broker:
+    runs.begin_run(broker, uuid.UUID(run_id), queue, {{"readers_wanted": 0}})
+    runs.finish_run(broker, uuid.UUID(run_id))
+if "k8s://" in args[args.index("--master") + 1]:
+    print("\\t container status: terminated, exit code: 0")
+    print("Exit code: 0")
+else:
+    print("INFO Client: Application report for application_1700000000000_0001 "
+          "(state: FINISHED)")
+'''
+
+
+def stand_in_spark_submit(tmp_path: Path) -> tuple[Path, Path]:
+    record = tmp_path / "spark-submit.calls"
+    script = tmp_path / "bin" / "spark-submit"
+    script.parent.mkdir()
+    script.write_text(STAND_IN.format(python=sys.executable, record=str(record)))
+    script.chmod(0o755)
+    return script, record
+
+
+def docs_connection(monkeypatch: pytest.MonkeyPatch, manager: str) -> tuple[str, dict[str, Any]]:
+    """The Spark connection docs/spark.md shows for ``manager``, set as the docs set it, and
+    the operator's arguments it shows with it."""
+    text = (Path(__file__).parents[3] / "docs" / "spark.md").read_text()
+    section = text[text.index(f"### {manager}"):]
+    (conn,) = [line.split("=", 1)[1].strip("'") for line in section.splitlines()
+               if line.startswith("export AIRFLOW_CONN_SPARK_DEFAULT=")][:1]
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", conn)
+    options: dict[str, Any] = {}
+    if manager == "Kubernetes":
+        options = {"kubernetes_password_secret": "broker-dsn:password",
+                   "conf": {"spark.kubernetes.container.image": "apache/spark:4.0.0-python3"}}
+        assert 'kubernetes_password_secret="broker-dsn:password"' in section
+        # The Spark provider needs the cncf.kubernetes provider for k8s:// masters (only to
+        # track and kill driver pods, which this job does not ask for); this environment does
+        # not install it.
+        import airflow.providers.apache.spark.hooks.spark_submit as hook_module
+        monkeypatch.setattr(hook_module, "kube_client", object(), raising=False)
+    return conn, options
+
+
+@pytest.mark.parametrize("manager", ["YARN", "Kubernetes"])
+def test_the_documented_cluster_connections_submit(
+        broker_conn: str, app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        manager: str) -> None:
+    """docs/spark.md's connection for YARN and Kubernetes, through execute(): spark-submit is
+    called with it (cluster mode, the queue, the namespace), and the task returns the run's
+    summary."""
+    conn, options = docs_connection(monkeypatch, manager)
+    spark_submit, record = stand_in_spark_submit(tmp_path)
+    operator = ActivatedReaderOperator(
+        task_id="book_trades", queue_name="q_t", handler="airflow_broker.demos.trading:book_trade",
+        spark_binary=str(spark_submit), **options)
+    summary = operator.execute({})
+    assert summary["run_id"] and summary["readers"] == 0, summary
+    (args,) = [json.loads(line) for line in record.read_text().splitlines()]
+    assert args[args.index("--deploy-mode") + 1] == "cluster"
+    assert args[args.index("--master") + 1] == json.loads(conn)["host"]
+    if manager == "YARN":
+        assert args[args.index("--queue") + 1] == "etl"
+    else:
+        assert "spark.kubernetes.namespace=spark" in args
+    assert "--archives" in args      # the packed environment
+    assert operator.properties_file is None
+
+
+@pytest.mark.parametrize(("manager", "reason"), [
+    ("YARN", "When running with master 'yarn' either HADOOP_CONF_DIR or YARN_CONF_DIR must "
+             "be set in the environment."),
+    ("Kubernetes", "Must specify the driver container image")])
+def test_a_refused_submission_fails_the_task_with_spark_submits_reason(
+        broker_conn: str, app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str], manager: str, reason: str) -> None:
+    """spark-submit refuses the job, so no driver ever reaches the database and the run has
+    no summary: the task fails with spark-submit's own reason first, the summary's error
+    (Msg 15151) after it, and the log says both."""
+    _, options = docs_connection(monkeypatch, manager)
+    spark_submit, record = stand_in_spark_submit(tmp_path)
+    monkeypatch.setenv("STAND_IN_OUTCOME", reason)
+    operator = ActivatedReaderOperator(
+        task_id="book_trades", queue_name="q_t", handler="airflow_broker.demos.trading:book_trade",
+        spark_binary=str(spark_submit), **options)
+    with pytest.raises(ReaderRunFailed) as failed:
+        operator.execute({})
+    message = str(failed.value)
+    assert reason in message and "Cannot find the reader run" in message
+    assert message.index(reason) < message.index("Cannot find the reader run")
+    # The Spark provider 6.3 gives spark-submit's output in its error; with 5.x the operator
+    # adds it.
+    assert "Error code is: 1" in str(failed.value.__cause__)
+    assert message.count("Last spark-submit output") == 1
+    assert "Cannot find the reader run" in str(failed.value.__context__)
+    logged = "".join(capfd.readouterr())
+    assert "the Spark job of reader run" in logged and reason in logged
+    assert record.exists()
+
+
+def test_a_provider_refusal_comes_first(
+        broker_conn: str, app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """YARN tracking through the ResourceManager's REST API without its address: the Spark
+    provider refuses before submitting, and that is what the task says first."""
+    if "yarn_track_via_rm_api" not in inspect.signature(SparkSubmitOperator.__init__).parameters:
+        pytest.skip("the Spark provider installed has no yarn_track_via_rm_api (before 6.1)")
+    docs_connection(monkeypatch, "YARN")
+    spark_submit, record = stand_in_spark_submit(tmp_path)
+    operator = ActivatedReaderOperator(
+        task_id="book_trades", queue_name="q_t", handler="airflow_broker.demos.trading:book_trade",
+        spark_binary=str(spark_submit), yarn_track_via_rm_api=True)
+    with pytest.raises(ReaderRunFailed) as failed:
+        operator.execute({})
+    message = str(failed.value)
+    assert message.index("yarn_resourcemanager_webapp_address") < message.index(
+        "Cannot find the reader run")
+    assert not record.exists()
+
+
+def test_durable_submissions_are_refused() -> None:
+    with pytest.raises(Exception, match="anew on every try"):
+        ActivatedReaderOperator(task_id="read", queue_name="q_t", durable=True,
+                                handler="airflow_broker.demos.trading:book_trade")
+    operator = ActivatedReaderOperator(task_id="read", queue_name="q_t",
+                                       handler="airflow_broker.demos.trading:book_trade")
+    # The Spark provider's durable mode, from 6.2 (reconnect_on_retry in 6.1), is off.
+    assert getattr(operator, "durable", False) is False
+    assert getattr(operator, "reconnect_on_retry", False) is False
+
+
+def test_the_shipped_handler_module_in_py_files_is_shipped_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "desk_handlers.py").write_text("def handle(message, ctx):\n    pass\n")
+    (tmp_path / "helpers.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "work").mkdir()
+    _, command, _ = prepared(
+        tmp_path / "work", monkeypatch, "spark://127.0.0.1:7077", handler="desk_handlers:handle",
+        py_files=f"{tmp_path / 'helpers.py'},{tmp_path / 'desk_handlers.py'}")
+    assert command[command.index("--py-files") + 1] == (
+        f"{tmp_path / 'helpers.py'},{tmp_path / 'desk_handlers.py'}")
+
+
+def test_another_file_of_the_handler_modules_name_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "desk_handlers.py").write_text("def handle(message, ctx):\n    pass\n")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "desk_handlers.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "work").mkdir()
+    with pytest.raises(ValueError, match="FileAlreadyExistsException"):
+        prepared(tmp_path / "work", monkeypatch, "spark://127.0.0.1:7077",
+                 handler="desk_handlers:handle",
+                 py_files=str(tmp_path / "old" / "desk_handlers.py"))
