@@ -564,11 +564,18 @@ def test_doctor_checks_routes_in_both_directions(pair: Pair) -> None:
     assert route_findings(pair.b) == []
 
 
+def with_query(uri: str, query: str) -> str:
+    """``uri`` with ``query`` added to its query string (a server on a Unix socket has one
+    already, a server on TCP none)."""
+    return uri + ("&" if "?" in uri else "?") + query
+
+
 def test_doctor_reports_unreachable_brokers_and_misspelt_services(pair: Pair) -> None:
     with pair.a.transaction() as tx:
         tx.create_route("down", "postgresql://nobody@127.0.0.1:1/nowhere", service_name="X")
         tx.create_route("case", pair.b_uri, service_name="t")
-        tx.create_route("schema", pair.b_uri + "&broker_schema=elsewhere", service_name="T")
+        tx.create_route("schema", with_query(pair.b_uri, "broker_schema=elsewhere"),
+                        service_name="T")
     found = route_findings(pair.a)
     assert any(f.startswith("error route down") and "unreachable" in f for f in found)
     assert any(f.startswith("error route case") and "has 'T'" in f for f in found)
@@ -701,7 +708,7 @@ def test_route_addresses_carry_connection_options(pair: Pair) -> None:
 
     from airflow_broker.worker.transport import resolve_address
 
-    address = pair.b_uri + "&options=-c%20synchronous_commit%3Doff&broker_schema=broker"
+    address = with_query(pair.b_uri, "options=-c%20synchronous_commit%3Doff&broker_schema=broker")
     far = resolve_address(address)
     assert far.schema == "broker"
     assert conninfo_to_dict(far.dsn)["options"] == "-c synchronous_commit=off"
