@@ -108,8 +108,7 @@ class Broker:
         server ended while it sat in the pool (a restart, pg_terminate_backend, a failover) is
         replaced instead of failing the caller's first statement."""
         if reconnect.usable(conn):
-            if self._outage.ongoing:
-                self._outage.recovered()
+            self._outage.recovered()
             return
         exc = psycopg.OperationalError("the server closed the pooled connection")
         self._outage.failed(exc)

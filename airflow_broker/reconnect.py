@@ -17,7 +17,7 @@ import logging
 import select
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import pq
@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 # shutdown), crash_shutdown, cannot_connect_now (starting up, in recovery); class 08 is
 # connection_exception.
 _LOST_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+class Logger(Protocol):
+    """What the policy logs to: a logging.Logger, or the logger of an Airflow trigger."""
+
+    def debug(self, msg: str, /, *args: Any) -> Any: ...
+    def info(self, msg: str, /, *args: Any) -> Any: ...
+    def warning(self, msg: str, /, *args: Any) -> Any: ...
 
 
 def connection_lost(exc: BaseException) -> bool:
@@ -88,11 +96,11 @@ class Outage:
     """
 
     def __init__(self, what: str, *, initial: float = 0.5, maximum: float = 30.0,
-                 logger: logging.Logger | None = None) -> None:
+                 logger: Logger | None = None) -> None:
         self.what = what
         self.initial = initial
         self.maximum = maximum
-        self.log = logger or log
+        self.log: Logger = logger or log
         self._lock = threading.Lock()
         self._started: float | None = None
         self._attempts = 0
@@ -118,7 +126,10 @@ class Outage:
             return delay
 
     def recovered(self) -> None:
-        """Records that the connection works (again); logs the end of an outage."""
+        """Records that the connection works (again); logs the end of an outage. Costs nothing
+        outside an outage, so callers may call it after every statement."""
+        if self._started is None:
+            return
         with self._lock:
             if self._started is None:
                 return

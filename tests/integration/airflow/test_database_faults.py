@@ -11,14 +11,12 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
 import psycopg
-import pytest
 from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
 
 from airflow_broker import Broker
 from tests.fixtures.airflow import waiters
 from tests.support.airflow_provider import BrokerStreamProducer, WaitForReceiveTrigger
 from tests.support.brokers import App
-from tests.support.helpers import terminate_sessions
 
 
 def rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
@@ -42,21 +40,8 @@ def clean() -> AdvanceOutcome:
     return AdvanceOutcome(acked=1, failed=0)
 
 
-@pytest.fixture(params=["restart", "terminated sessions"])
-def fault(request: pytest.FixtureRequest, broker_conn: str,
-          restart_postgres: Callable[[], None]) -> Callable[[], None]:
-    """A PostgreSQL restart, or every session of the database terminated."""
-    if request.param == "restart":
-        return restart_postgres
-
-    def terminate() -> None:
-        assert terminate_sessions(broker_conn) > 0
-
-    return terminate
-
-
-def test_stream_and_its_acknowledgements_go_on_after_the_database_restarts(
-        app: App, broker_conn: str, fault: Callable[[], None]) -> None:
+def test_the_stream_and_its_acknowledgements_survive_a_database_fault(
+        app: App, broker_conn: str, database_fault: Callable[[], None]) -> None:
     """The producer's acknowledgement connection and its stream connection are both dead
     after the fault, but not yet marked closed: the next advance settles its event on a new
     connection, the stream reconnects, and every message is handed out once."""
@@ -72,7 +57,7 @@ def test_stream_and_its_acknowledgements_go_on_after_the_database_restarts(
             await stream.advance([AdvanceItem(first_id, clean())])
             second, second_id = await anext(events)
             bodies += [first["body"], second["body"]]
-            await asyncio.to_thread(fault)
+            await asyncio.to_thread(database_fault)
             # The stream reconnects while the acknowledgement of "two" is on its way: the
             # event still in flight is taken over, not handed out again.
             following = asyncio.ensure_future(anext(events))
@@ -99,8 +84,8 @@ def test_stream_and_its_acknowledgements_go_on_after_the_database_restarts(
     assert rows(broker_conn, "SELECT count(*) FROM q_t") == [(0,)]
 
 
-def test_a_deferred_wait_goes_on_after_the_database_restarts(
-        app: App, broker_conn: str, fault: Callable[[], None]) -> None:
+def test_a_deferred_wait_survives_a_database_fault(
+        app: App, broker_conn: str, database_fault: Callable[[], None]) -> None:
     """A WaitForReceiveTrigger registered as a waiter when the server goes: it registers
     again and fires on a message sent after the fault (by a Broker of its own, so that only
     the trigger's recovery is tested here)."""
@@ -113,7 +98,7 @@ def test_a_deferred_wait_goes_on_after_the_database_restarts(
         while waiters(broker_conn, "q_t") == 0:
             assert not waiting.done(), waiting.result()
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(fault)
+        await asyncio.to_thread(database_fault)
         while waiters(broker_conn, "q_t") == 0:
             assert not waiting.done(), waiting.result()
             await asyncio.sleep(0.05)
