@@ -15,7 +15,11 @@ from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
 
 from airflow_broker import Broker
 from tests.fixtures.airflow import waiters
-from tests.support.airflow_provider import BrokerStreamProducer, WaitForReceiveTrigger
+from tests.support.airflow_provider import (
+    BrokerHook,
+    BrokerStreamProducer,
+    WaitForReceiveTrigger,
+)
 from tests.support.brokers import App
 
 
@@ -108,3 +112,19 @@ def test_a_deferred_wait_survives_a_database_fault(
     event = asyncio.run(scenario())
     assert event["status"] == "ready"
     assert len(event["messages"]) == 1
+
+
+def test_the_inbox_of_a_running_task_survives_a_database_fault(
+        app: App, broker_conn: str, database_fault: Callable[[], None]) -> None:
+    """A hook kept by a running task: its pool's connections die with the fault, and the next
+    claim, consume and ack go through on new ones."""
+    send(app.broker, ["before"])
+    with BrokerHook() as hook:
+        (before,) = hook.claim("task:d/r/t/-1", "q_t")
+        database_fault()
+        send_anew(broker_conn, ["after"])
+        (after,) = hook.claim("task:d/r/t/-1", "q_t")
+        with hook.consume([before, after]) as (_, messages):
+            assert [m.text() for m in messages] == ["before", "after"]
+        assert hook.ack([before, after]) == 2
+    assert rows(broker_conn, "SELECT count(*) FROM broker.airflow_inbox") == [(0,)]
