@@ -85,6 +85,12 @@ def check(conn: psycopg.Connection[Any]) -> None:
         raise psycopg.OperationalError("the connection was closed by the server")
 
 
+def _first_line(exc: BaseException) -> str:
+    """libpq's messages run over several lines; a log line takes the first."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 class Outage:
     """The reconnect policy of one connection (or one pool): call :meth:`failed` with each
     error that lost it (it returns how long to wait before the next attempt) and
@@ -118,9 +124,9 @@ class Outage:
                 self._started = time.monotonic()
                 self._delay = self.initial
                 self.log.warning("%s lost its connection to PostgreSQL (%s); reconnecting",
-                                 self.what, str(exc).strip() or type(exc).__name__)
+                                 self.what, _first_line(exc))
             else:
-                self.log.debug("%s: still no connection (%s)", self.what, exc)
+                self.log.debug("%s: still no connection (%s)", self.what, _first_line(exc))
             delay = self._delay
             self._delay = min(self._delay * 2, self.maximum)
             return delay

@@ -41,3 +41,13 @@ def test_a_failed_statement_is_not_a_lost_connection() -> None:
     assert not connection_lost(psycopg.errors.QueryCanceled("statement timeout"))
     assert not connection_lost(psycopg.errors.DeadlockDetected("deadlock"))
     assert not connection_lost(ValueError("not a database error"))
+
+
+def test_a_multi_line_error_is_logged_on_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="airflow_broker.reconnect"):
+        Outage("the stream").failed(psycopg.OperationalError(
+            "server closed the connection unexpectedly\n\tThis probably means the server"
+            " terminated abnormally\n\tbefore or while processing the request."))
+    assert [r.getMessage() for r in caplog.records] == [
+        "the stream lost its connection to PostgreSQL (server closed the connection "
+        "unexpectedly); reconnecting"]
