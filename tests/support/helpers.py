@@ -84,7 +84,10 @@ def terminate_sessions(dsn: str) -> int:
     administrator, a pooler or a crashed backend's restart does to a client); returns how many
     went."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # With a timeout it returns once each backend has exited (and closed its socket),
+        # not when the signal is sent: a client checking its connection right after sees it.
         row = conn.execute(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 60000))"
+            " FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()
     return int(row[0]) if row else 0
