@@ -1,9 +1,11 @@
 """The engine's long-lived connections when the database goes away under them: PostgreSQL
-restarted as after a crash, or the sessions of the database terminated. A Broker's pool and
-its WAITFOR listener go on in place; the first transaction after the fault succeeds."""
+restarted as after a crash, or the sessions of the database terminated. A Broker's pool, its
+WAITFOR listener and the worker go on in place; the first transaction after the fault
+succeeds."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from airflow_broker import Broker, Message
+from airflow_broker.worker import BrokerWorker
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
 
@@ -92,3 +95,25 @@ def test_waitfor_wakes_on_notify_after_a_database_fault(
             waiter.join(timeout=120)
     assert not failure, failure
     assert [m.text() for m in received] == ["wakes the waiter"]
+
+
+def test_the_worker_fires_a_due_timer_after_a_database_fault(
+        app: App, database_fault: Callable[[], None]) -> None:
+    """`airflow-broker worker` running through the fault: its next passes fire the timer that
+    fell due, without a restart of the worker."""
+    worker = BrokerWorker(app.broker, interval=0.1, transport=False)
+    thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    thread.start()
+    try:
+        handle = app.dialog()
+        with app.broker.transaction() as tx:
+            tx.begin_conversation_timer(handle, 1)
+        database_fault()
+        app.broker.advance_clock(dt.timedelta(seconds=2))
+        wait_until(lambda: count(app.broker, "SELECT count(*) FROM broker.queue_messages"
+                                             " WHERE message_type_id = 5") == 1,
+                   "the worker to fire the timer", 120)
+        assert thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
