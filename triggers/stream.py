@@ -241,8 +241,10 @@ class BrokerStreamProducer(SharedStreamProducer):
                 await self._settle(outcomes)
                 break
             except psycopg.OperationalError as exc:
-                if not connection_lost(exc):
-                    raise
+                conn = self._settle_conn
+                if not connection_lost(exc) and conn is not None and usable(conn):
+                    raise  # the statement failed on a working connection
+                # Gone, or none could be made (the server starting up, out of connections).
                 await self._outage.await_retry(exc)
         self._outage.recovered()
         # Until settled, the rows stay this producer's: a reconnecting stream takes them over
