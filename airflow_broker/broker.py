@@ -16,7 +16,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from airflow_broker import migrations
+from airflow_broker import migrations, reconnect
 from airflow_broker._statements import BrokerStats, Shared, runner_of
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.messages import Message
@@ -77,7 +77,10 @@ class Broker:
             name=f"airflow-broker-{self.schema}",
             kwargs={"application_name": application_name},
             configure=self._configure if role else None,
+            check=self._check,
+            reconnect_failed=self._reconnect_failed,
         )
+        self._outage = reconnect.Outage(f"broker pool {self.pool.name}", logger=log)
         self.queries = Queries(self.schema)
         # Poison detection's records, which must survive the caller's rollback.
         self.shared = Shared(self.queries, WakeUps(self.dsn, self.schema),
@@ -99,6 +102,25 @@ class Broker:
         # are the login's whatever the role (docs/security.md): log in as a role to be it.
         conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role or "")))
         conn.commit()
+
+    def _check(self, conn: psycopg.Connection[TupleRow]) -> None:
+        """The pool's check of every connection it hands out, without a round trip: one the
+        server ended while it sat in the pool (a restart, pg_terminate_backend, a failover) is
+        replaced instead of failing the caller's first statement."""
+        if reconnect.usable(conn):
+            self._outage.recovered()
+            return
+        exc = psycopg.OperationalError("the server closed the pooled connection")
+        self._outage.failed(exc)
+        # The server that ended this one ended its idle neighbours too: replace them all now
+        # (psycopg's own check, a round trip each), not one per checkout, each after a delay.
+        self.pool.check()
+        raise exc
+
+    def _reconnect_failed(self, pool: ConnectionPool[psycopg.Connection[TupleRow]]) -> None:
+        log.error("broker pool %s: PostgreSQL unreachable for %.0f s; the pool stops retrying "
+                  "in the background and connects again on the next checkout", pool.name,
+                  pool.reconnect_timeout)
 
     def install(self, *, up_to: str | None = None,
                 owner: str | None = None) -> migrations.InstallReport:

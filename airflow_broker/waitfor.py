@@ -29,6 +29,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_broker.queries import Queries
+from airflow_broker.reconnect import Outage
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class WakeUps:
         self._bell, self._bell_ringer = socket.socketpair()
         self._bell.setblocking(False)
         self._bell_ringer.setblocking(False)
+        self._outage = Outage(f"WAITFOR listener of schema {schema}", initial=0.1,
+                              maximum=5.0, logger=log)
 
     def channel(self, queue_id: int) -> str:
         return queue_channel(self._schema, queue_id)
@@ -139,17 +142,15 @@ class WakeUps:
             command.done.wait(timeout=5)
 
     def _run(self) -> None:
-        backoff = 0.1
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
-                    backoff = 0.1
+                    self._outage.recovered()
                     self._serve(conn)
             except psycopg.Error as exc:
-                log.warning("WAITFOR listener lost its connection (%s); reconnecting", exc)
+                # Waiters poll meanwhile; the reconnect registers them again.
                 self._wake_everyone()
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._outage.wait(exc, self._stopping)
 
     def _serve(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         listening: set[int] = set()

@@ -23,6 +23,7 @@ from airflow_broker.events import EventInstance, queue_disabled_event
 from airflow_broker.hooks.broker import BrokerHook
 from airflow_broker.messages import EVENT_NOTIFICATION
 from airflow_broker.queries import Queries
+from airflow_broker.reconnect import Outage
 from airflow_broker.triggers._connections import (
     AsyncConn,
     QueueListener,
@@ -134,7 +135,7 @@ class WaitForReceiveTrigger(BaseTrigger):
         """Waits as WAITFOR does; returns the event's payload."""
         hook = BrokerHook(self.broker_conn_id)
         base = {"queue_name": self.queue_name, "deadline": self.deadline}
-        backoff = 0.5
+        outage = Outage(f"WAITFOR trigger on {self.queue_name}", logger=self.log)
         while True:
             try:
                 info = await hook.aget_conn_info()
@@ -145,7 +146,7 @@ class WaitForReceiveTrigger(BaseTrigger):
                         # Registered before the first check, so a SEND committed after it
                         # always wakes this trigger.
                         await listener.wait_on_queue(int(state["queue_id"]))
-                        backoff = 0.5
+                        outage.recovered()
                         while True:
                             state = await queue_state(conn, info.schema, self.watched_queue())
                             if not state["is_receive_enabled"]:
@@ -167,12 +168,11 @@ class WaitForReceiveTrigger(BaseTrigger):
             except psycopg.OperationalError as exc:
                 # PostgreSQL restarted or the network failed: WAITFOR goes on after a
                 # reconnect, as the engine's listener does.
-                self.log.warning("broker trigger lost its connection (%s); reconnecting", exc)
                 remaining = self._remaining()
                 if remaining is not None and remaining <= 0:
                     return {**base, "status": "timeout"}
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = outage.failed(exc)
+                await asyncio.sleep(delay if remaining is None else min(delay, remaining))
             except psycopg.Error as exc:
                 return {**base, "status": "error", "error": error_text(exc)}
 

@@ -22,6 +22,7 @@ from airflow.triggers.shared_stream import (
 from airflow_broker.errors import InvalidObjectName, translate
 from airflow_broker.hooks.broker import BrokerHook, inbox_row_to_dict
 from airflow_broker.queries import Queries
+from airflow_broker.reconnect import Outage, connection_lost, usable
 from airflow_broker.triggers._connections import (
     AsyncConn,
     QueueListener,
@@ -47,6 +48,11 @@ class BrokerStreamProducer(SharedStreamProducer):
     to it. A failed event is handed out again; a rejected one stays in the inbox as
     ``rejected`` (a dead letter). Rows claimed by a producer whose session is gone (the
     triggerer died) are handed out again by the next producer.
+
+    A lost database (a restart, a terminated backend, a failover) ends neither the stream nor
+    an ``advance``: both reconnect in place with the policy of :mod:`airflow_broker.reconnect`,
+    and ``advance`` settles its batch once the server is back (settling twice changes nothing),
+    so the manager never sees the outage.
     """
 
     def __init__(self, kwargs: dict[str, Any]) -> None:
@@ -68,6 +74,7 @@ class BrokerStreamProducer(SharedStreamProducer):
         self._schema = ""
         self._in_flight: set[int] = set()
         self._redeliver: deque[int] = deque()
+        self._outage = Outage(f"broker stream on {self.queue_name}", logger=log)
 
     @property
     def inbox_channel(self) -> str:
@@ -133,11 +140,12 @@ class BrokerStreamProducer(SharedStreamProducer):
         self._listener = QueueListener(conn, info.schema)
         await self._listener.wait_on_queue(int(state["queue_id"]))
         await self._listener.listen(self.inbox_channel)
-        if self._in_flight:
-            # Events handed out before a reconnect are still the manager's: this session
-            # takes them over so that airflow_reclaim() does not hand them out twice.
-            await conn.execute(self._query("inbox_take_over"),
-                               [self.consumer, sorted(self._in_flight)])
+        held = self._in_flight | set(self._redeliver)
+        if held:
+            # Events handed out before a reconnect are still the manager's, and failed ones
+            # wait here to go out again: this session takes them over so that
+            # airflow_reclaim() does not hand them out a second time.
+            await conn.execute(self._query("inbox_take_over"), [self.consumer, sorted(held)])
 
     async def _wait_for_queue(self, conn: AsyncConn) -> dict[str, Any]:
         """The queue's state. The watcher may start before its queue exists (its DAG was
@@ -175,13 +183,13 @@ class BrokerStreamProducer(SharedStreamProducer):
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         check_orphans = True
-        backoff = 0.5
         while True:
             try:
                 if self._conn is None:
                     await self._connect()
                     check_orphans = True
                 batch = await self._next_batch(check_orphans)
+                self._outage.recovered()
                 check_orphans = False
                 if not batch:
                     assert self._listener is not None
@@ -190,29 +198,36 @@ class BrokerStreamProducer(SharedStreamProducer):
                     # not on every wake-up.
                     check_orphans = not woken
                     continue
-                backoff = 0.5
             except psycopg.OperationalError as exc:
                 # PostgreSQL restarted or the network failed: the stream goes on after a
                 # reconnect; what this session had claimed is taken over, not lost.
-                log.warning("broker stream on %s lost its connection (%s); reconnecting",
-                            self.queue_name, exc)
                 await self._disconnect()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await self._outage.await_retry(exc)
                 continue
             for payload in batch:
                 self._in_flight.add(int(payload["inbox_id"]))
                 yield payload, int(payload["inbox_id"])
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        if self._settle_conn is None or self._settle_conn.closed:
+    async def _settle_connection(self) -> AsyncConn:
+        """The acknowledgements' connection, a new one when the server ended the last."""
+        conn = self._settle_conn
+        if conn is None or not usable(conn):
+            if conn is not None and not conn.closed:
+                await conn.close()
+            self._settle_conn = None
             self._schema = (await self._hook.aget_conn_info()).schema
-            self._settle_conn = await self._hook.aconnect()
-        settle = self._query("inbox_settle")
+            self._settle_conn = conn = await self._hook.aconnect()
+        return conn
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Marks stored events ``delivered`` and rejected ones ``rejected``, and queues failed
+        ones to go out again. A lost connection is replaced and the batch settled on the new
+        one, however long the server is away: an advance that raised would end the whole
+        shared stream."""
         outcomes: dict[str, list[int]] = {"delivered": [], "rejected": []}
+        failed: list[int] = []
         for item in batch:
             inbox_id = int(item.broker_payload)
-            self._in_flight.discard(inbox_id)
             outcome: AdvanceOutcome = item.outcome
             if outcome.rejected:
                 outcomes["rejected"].append(inbox_id)
@@ -220,14 +235,34 @@ class BrokerStreamProducer(SharedStreamProducer):
                 outcomes["delivered"].append(inbox_id)
             else:
                 # Not stored (ack timeout, overflow, nobody subscribed): hand it out again.
-                self._redeliver.append(inbox_id)
-        async with self._settle_conn.transaction():
+                failed.append(inbox_id)
+        while True:
+            try:
+                await self._settle(outcomes)
+                break
+            except psycopg.OperationalError as exc:
+                conn = self._settle_conn
+                if not connection_lost(exc) and conn is not None and usable(conn):
+                    raise  # the statement failed on a working connection
+                # Gone, or none could be made (the server starting up, out of connections).
+                await self._outage.await_retry(exc)
+        self._outage.recovered()
+        # Until settled, the rows stay this producer's: a reconnecting stream takes them over
+        # instead of handing them out as orphans.
+        for inbox_id in (*outcomes["delivered"], *outcomes["rejected"], *failed):
+            self._in_flight.discard(inbox_id)
+        self._redeliver.extend(failed)
+
+    async def _settle(self, outcomes: dict[str, list[int]]) -> None:
+        conn = await self._settle_connection()
+        settle = self._query("inbox_settle")
+        async with conn.transaction():
             for state, ids in outcomes.items():
                 if ids:
-                    await self._settle_conn.execute(settle, [self.consumer, ids, state])
+                    await conn.execute(settle, [self.consumer, ids, state])
             # Wakes open_stream, which may be waiting for this advance.
-            await self._settle_conn.execute(self._query("inbox_notify"),
-                                            [self.inbox_channel, self.consumer[:7000]])
+            await conn.execute(self._query("inbox_notify"),
+                               [self.inbox_channel, self.consumer[:7000]])
 
     async def aclose(self) -> None:
         await self._disconnect()

@@ -21,6 +21,8 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.rows import TupleRow
 
+from airflow_broker.reconnect import Outage, usable
+
 log = logging.getLogger(__name__)
 
 _FAILED = "a statement of poison detection's side connection failed: %s"
@@ -43,6 +45,7 @@ class SideChannel:
         # The statements prepared on the current connection.
         self._prepared: set[bytes] = set()
         self._lock = threading.Lock()
+        self._outage = Outage("poison detection's side connection", logger=log)
 
     def post_prepared(self, name: bytes, query: bytes, params: Sequence[bytes]) -> None:
         """Sends ``query`` as the prepared statement ``name`` (prepared on its first use on
@@ -81,11 +84,15 @@ class SideChannel:
                         self._send(conn, statement)
                     if wait:
                         self._collect(conn)
+                    self._outage.recovered()
                     return
                 except psycopg.OperationalError as exc:
                     self._forget()
                     if attempt == 2:
-                        log.error(_FAILED, exc)
+                        # The server is away: this record is lost (the caller's own
+                        # statements fail too), logged once an outage.
+                        self._outage.failed(exc)
+                        log.debug(_FAILED, exc)
                         self._pending = None
 
     def _send(self, conn: psycopg.Connection[TupleRow], statement: _Statement) -> None:
@@ -112,12 +119,11 @@ class SideChannel:
 
     def _connection(self) -> psycopg.Connection[TupleRow]:
         conn = self._conn
-        if conn is not None and not conn.closed and not conn.broken and self._pending is None:
-            # A connection the server ended while idle (a restart, pg_terminate_backend) is
-            # only found out by reading from it: before a statement goes out on it, not after.
-            conn.pgconn.consume_input()
-            if conn.pgconn.status != pq.ConnStatus.OK:
-                raise psycopg.OperationalError("the side connection was lost")
+        # A connection the server ended while idle (a restart, pg_terminate_backend) is only
+        # found out by reading from it: before a statement goes out on it, not after.
+        if (conn is not None and not conn.closed and not conn.broken and self._pending is None
+                and not usable(conn)):
+            raise psycopg.OperationalError("the side connection was lost")
         if conn is None or conn.closed or conn.broken:
             self._forget()
             conn = psycopg.connect(self.dsn, autocommit=True,

@@ -45,6 +45,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from airflow_broker.broker import DSN_ENV, Broker
 from airflow_broker.callables import load_callable
 from airflow_broker.errors import NameMissing
+from airflow_broker.reconnect import Outage, usable
 from airflow_broker.worker.procedures import drain_with_procedure, is_procedure_target
 
 log = logging.getLogger(__name__)
@@ -148,21 +149,35 @@ class ActivationManager:
     targets: Sequence[str] = field(default_factory=configured_targets)
     readers: dict[uuid.UUID, _Reader] = field(default_factory=dict)
     _leader: psycopg.Connection[tuple[object, ...]] | None = None
+    _outage: Outage = field(
+        default_factory=lambda: Outage("queue activation's leader connection", logger=log))
 
     def _is_leader(self) -> bool:
-        try:
-            if self._leader is None or self._leader.closed or self._leader.broken:
-                self._leader = psycopg.connect(self.broker.dsn, autocommit=True)
-            row = self._leader.execute(self.broker.queries["activation_leader"],
-                                       [self.broker.schema]).fetchone()
-            return bool(row and row[0])
-        except psycopg.OperationalError:
-            self._leader = None
-            return False
+        """Whether this worker holds the schema's activation lock, taken on a connection of
+        its own (a session-level advisory lock). When the server ended that session (a
+        restart, a terminated backend, a failover) the lock went with it: a new connection
+        takes it again in the same step, if no other worker took it meanwhile."""
+        for _ in range(2):
+            try:
+                if self._leader is None or not usable(self._leader):
+                    self._drop_leader()
+                    self._leader = psycopg.connect(self.broker.dsn, autocommit=True)
+                row = self._leader.execute(self.broker.queries["activation_leader"],
+                                           [self.broker.schema]).fetchone()
+                self._outage.recovered()
+                return bool(row and row[0])
+            except psycopg.OperationalError as exc:
+                self._drop_leader()
+                self._outage.failed(exc)
+        return False
 
-    def close(self) -> None:
+    def _drop_leader(self) -> None:
         if self._leader is not None:
             self._leader.close()
+        self._leader = None
+
+    def close(self) -> None:
+        self._drop_leader()
 
     def running(self, queue_id: int) -> int:
         return sum(1 for r in self.readers.values() if r.queue_id == queue_id)

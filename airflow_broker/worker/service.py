@@ -30,6 +30,7 @@ from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
 from airflow_broker.errors import MessageTooLarge
+from airflow_broker.reconnect import Outage
 from airflow_broker.validation import MessageTypeInfo, verdict
 from airflow_broker.worker.activation import ActivationManager, configured_targets
 from airflow_broker.worker.transport import Transport
@@ -167,7 +168,7 @@ class BrokerWorker:
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
         total = PassResult()
-        backoff = self.interval
+        outage = Outage("broker worker", initial=self.interval, logger=log)
         log.info("broker worker started on schema %s", self.broker.schema)
         sender = None
         if self.transport is not None:
@@ -177,13 +178,11 @@ class BrokerWorker:
         while not self._stop.is_set():
             try:
                 result = self.run_once(transmit=sender is None)
-                backoff = self.interval
+                outage.recovered()
             except psycopg.OperationalError as exc:
-                log.warning("broker worker: database unavailable (%s); retrying in %.0f s",
-                            exc, backoff)
-                self.broker.pool.check()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                # The pool replaces the connections the server ended (Broker's check); the
+                # pass runs again once the server answers.
+                outage.wait(exc, self._stop)
                 continue
             total = total + result
             if result.total:
@@ -204,6 +203,7 @@ class BrokerWorker:
         """Delivers to other brokers when a SEND for one commits (NOTIFY), or every interval."""
         assert self.transport is not None
         channel = sql.Identifier(f"{self.broker.schema}_transmit")
+        outage = Outage("broker transport", initial=self.interval, logger=log)
         backoff = self.interval
         while not self._stop.is_set():
             try:
@@ -211,6 +211,7 @@ class BrokerWorker:
                     listener.execute(sql.SQL("LISTEN {}").format(channel))
                     while not self._stop.is_set():
                         result = self.transport.run_until_idle(should_stop=self._stop.is_set)
+                        outage.recovered()
                         backoff = self.interval
                         if result.sent:
                             log.info("broker transport: %s", result)
@@ -219,13 +220,12 @@ class BrokerWorker:
                                 continue
                         self._wait_for_sends(listener)
             except psycopg.OperationalError as exc:
-                log.warning("broker transport: database unavailable (%s); retrying in %.0f s",
-                            exc, backoff)
+                outage.wait(exc, self._stop)
             except Exception:
                 # The thread must outlive any one failed batch; nothing of it was committed.
                 log.exception("broker transport: a batch failed; retrying in %.0f s", backoff)
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     def _wait_for_sends(self, listener: psycopg.Connection[TupleRow]) -> None:
         """Until a SEND for another broker commits (its NOTIFY) or the interval has passed;

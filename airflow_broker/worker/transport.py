@@ -27,6 +27,7 @@ from psycopg.rows import TupleRow
 from airflow_broker.broker import Broker
 from airflow_broker.errors import AddressError, BrokerError
 from airflow_broker.queries import DEFAULT_SCHEMA, Queries
+from airflow_broker.reconnect import usable
 from airflow_broker.redaction import redact
 from airflow_broker.validation import MessageTypeInfo, verdict
 
@@ -216,8 +217,12 @@ class Transport:
 
     def _connection(self, address: str) -> tuple[FarBroker, psycopg.Connection[TupleRow]]:
         known = self._far.get(address)
-        if known is not None and not known[1].closed and not known[1].broken:
+        if known is not None and usable(known[1]):
             return known
+        if known is not None:
+            # The far server ended it while it sat idle (a restart, a failover): a new one,
+            # with the address resolved again.
+            known[1].close()
         far = resolve_address(address)
         conn = psycopg.connect(
             far.dsn, autocommit=True, connect_timeout=self.connect_timeout,

@@ -7,7 +7,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -595,3 +595,24 @@ def test_doctor_reports_an_activation_procedure_that_does_not_exist(
     with psycopg.connect(broker.dsn, autocommit=True) as conn:
         conn.execute(DRAIN_PROCEDURE.replace("usp_drain", "usp_missing"))
     assert not [f for f in diagnose(broker).findings if "usp_missing" in f.problem]
+
+
+def test_activation_goes_on_in_the_next_step_after_a_database_fault(
+        activation_app: App, manager: ActivationManager,
+        database_fault: Callable[[], None]) -> None:
+    """The leader's connection, which holds the activation lock, dies with the fault: the next
+    step takes the lock again on a new connection and starts a reader, instead of reporting
+    another worker as the leader for a pass."""
+    broker = activation_app.broker
+    with broker.transaction() as tx:
+        tx.alter_queue("q_t", activation_status=True,
+                       activation_procedure="tests.support.activation_readers:receive_one",
+                       max_queue_readers=1)
+    assert manager.step() == 0  # the leader's connection is open, the monitor INACTIVE
+    fill(activation_app, 3)
+    database_fault()
+    assert manager.step() == 1
+    # The reader receives one message a call; the monitor starts it again while messages wait.
+    wait_until(lambda: (manager.step() or True)
+               and count(broker, "SELECT count(*) FROM public.processed") == 3,
+               "the readers to process the messages", 120)

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
@@ -446,3 +446,19 @@ def test_a_rollback_whose_count_cannot_be_resolved_at_once_keeps_its_own_error(
     BrokerWorker(app.broker).run_once()
     assert count(app.broker, "SELECT consecutive_rollbacks FROM broker.queues"
                              " WHERE name = 'q_t'") == 1
+
+
+def test_T_PM_01_rollbacks_count_after_a_postgres_restart(
+        watched: App, restart_postgres: Callable[..., None]) -> None:
+    """The side connection dies with the server (a clean restart keeps the counts on disk):
+    the next records go on a new connection, and the fifth rollback disables the queue."""
+    broker = watched.broker
+    fill(watched)
+    fail_once(broker)
+    fail_once(broker)
+    restart_postgres()
+    for attempt in range(2):
+        fail_once(broker)
+        assert is_enabled(broker), f"disabled after {attempt + 3} rollbacks"
+    fail_once(broker)
+    assert not is_enabled(broker)

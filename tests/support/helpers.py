@@ -77,3 +77,17 @@ def target_handle(broker: Broker, initiator: uuid.UUID) -> uuid.UUID:
     assert row is not None
     handle: uuid.UUID = row[0]
     return handle
+
+
+def terminate_sessions(dsn: str) -> int:
+    """Ends every other session of the test's database with pg_terminate_backend (what an
+    administrator, a pooler or a crashed backend's restart does to a client); returns how many
+    went."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # With a timeout it returns once each backend has exited (and closed its socket),
+        # not when the signal is sent: a client checking its connection right after sees it.
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 60000))"
+            " FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()
+    return int(row[0]) if row else 0
