@@ -9,8 +9,9 @@ from airflow_broker.operators.broker import (
     ReceiveMessagesOperator,
     SendMessageOperator,
 )
+from airflow_broker.operators.quarantine import QuarantineOperator
 from airflow_broker.operators.setup import BrokerSetupOperator
-from airflow_broker.operators.spark import ActivatedReaderOperator, QuarantineOperator
+from airflow_broker.operators.spark import ActivatedReaderOperator
 
 __all__ = [
     "AckMessagesOperator",

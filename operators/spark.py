@@ -16,12 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseOperator
 
 import airflow_broker.spark.reader as spark_reader
 from airflow_broker.errors import IncorrectSyntax
 from airflow_broker.hooks.broker import BrokerHook
-from airflow_broker.poison import quarantine
 from airflow_broker.poison.strategies import get_strategy
 from airflow_broker.readers import runs as reader_runs
 from airflow_broker.spark import cluster as spark_cluster
@@ -389,36 +387,3 @@ def pip_spark_home(spark_binary: str) -> str | None:
     if spec is None or spec.origin is None:
         return None
     return str(Path(spec.origin).parent)
-
-
-class QuarantineOperator(BaseOperator):
-    """Replays quarantined messages onto their conversations (after the handler was fixed) or
-    discards them: the ids given, or every open one of ``queue_name``. Returns the ids done."""
-
-    template_fields: Sequence[str] = ("quarantine_ids", "queue_name")
-
-    def __init__(self, *, action: str, quarantine_ids: Sequence[int] | None = None,
-                 queue_name: str | None = None,
-                 broker_conn_id: str = BrokerHook.default_conn_name, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if action not in ("replay", "discard"):
-            raise IncorrectSyntax("action must be replay or discard")
-        if quarantine_ids is None and queue_name is None:
-            raise IncorrectSyntax("give quarantine_ids, or queue_name for all of a queue")
-        self.action = action
-        self.quarantine_ids = quarantine_ids
-        self.queue_name = queue_name
-        self.broker_conn_id = broker_conn_id
-
-    def execute(self, context: Context) -> list[int]:
-        with BrokerHook(self.broker_conn_id) as hook:
-            broker = hook.get_broker()
-            ids = ([int(i) for i in self.quarantine_ids] if self.quarantine_ids is not None
-                   else [q.quarantine_id
-                         for q in quarantine.list_quarantined(broker, self.queue_name)])
-            if ids:
-                (quarantine.replay if self.action == "replay" else quarantine.discard)(broker,
-                                                                                       ids)
-        self.log.info("%s %d quarantined messages: %s", "replayed" if self.action == "replay"
-                      else "discarded", len(ids), ids)
-        return ids
