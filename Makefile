@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 EXTRAS := dev,airflow,spark,embedded
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint bench bench-airflow constraints clean
+.PHONY: demo test test-lowest lint bench bench-airflow constraints clean
 
 demo: $(STAMP)
 	$(BIN)/airflow-broker demo
@@ -16,6 +16,22 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest
+
+# The other end of every range: the lowest versions pyproject.toml declares (uv's lowest-direct
+# resolution: Airflow 3.3.0, the Spark provider 5.6.0 and PySpark 3.5, psycopg 3.2, ...) in a
+# virtual environment of their own, on the tiers versions concern: the engine, least-privilege
+# and Airflow tiers and the Spark readers on local[2] (the soak and crash tests and the system
+# tier run with constraints.txt only). The server is AIRFLOW_BROKER_TEST_DSN's when it is set
+# (.ci/run gives it the oldest PostgreSQL this machine's packages have), else the embedded one.
+LOWEST := .venv-lowest
+test-lowest: $(STAMP)
+	rm -rf $(LOWEST)
+	$(BIN)/uv venv --quiet --seed --python $(BIN)/python $(LOWEST)
+	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install --quiet --resolution lowest-direct \
+		-e '.[$(EXTRAS)]'
+	$(LOWEST)/bin/python -c 'import airflow, pyspark, psycopg; print("lowest versions: Airflow",\
+		airflow.__version__, "PySpark", pyspark.__version__, "psycopg", psycopg.__version__)'
+	$(LOWEST)/bin/pytest -m "not system and not slow" tests/integration tests/least_privilege
 
 # Benchmarks side by side with pgmq (about 15 minutes); BENCH_ARGS=--quick for a smoke run.
 bench: $(STAMP)
@@ -53,4 +69,4 @@ constraints:
 	rm -rf build/constraints-venv
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LOWEST) build *.egg-info
