@@ -137,6 +137,22 @@ def test_the_owners_statements_are_refused_with_broker_errors(
     assert "permission denied for function" not in str(error)
 
 
+@pytest.mark.parametrize("statement", ["create", "alter"])
+def test_a_message_type_validated_by_a_collection_is_the_owners(
+        objects: str, administrator: str, statement: str) -> None:
+    """VALID_XML WITH SCHEMA COLLECTION names a collection, which only the schema's owner
+    may see: to anyone else it does not exist (15151, SQL Server's answer without REFERENCES
+    on the collection), and the type is neither created nor changed."""
+    def validate(tx: Transaction) -> object:
+        if statement == "create":
+            return tx.create_message_type("M_valid", "VALID_XML", schema_collection="xsd")
+        tx.alter_message_type("Req", "VALID_XML", schema_collection="xsd")
+        return None
+
+    hidden = refusal(objects, administrator, validate)
+    assert (hidden.number, "'xsd'" in str(hidden)) == (15151, True)
+
+
 def test_a_route_the_login_may_not_see_is_missing(objects: str, administrator: str) -> None:
     hidden = refusal(objects, administrator, lambda tx: tx.drop_route("far"))
     missing = refusal(objects, administrator, lambda tx: tx.drop_route("nowhere"))

@@ -55,8 +55,10 @@ BEGIN
             PERFORM raise_error(50106, 'NULL', 'VALID_XML WITH SCHEMA COLLECTION',
                                 'the name of an XML schema collection');
         END IF;
+        -- SQL Server asks REFERENCES on the collection; collections are the schema owner's
+        -- alone here, so to anyone else one is as missing as a collection that does not exist.
         SELECT xml_collection_id INTO collection_id
-          FROM xml_schema_collections WHERE name = p_collection;
+          FROM xml_schema_collections WHERE name = p_collection AND is_broker_owner();
         IF collection_id IS NULL THEN
             PERFORM raise_error(15151, 'XML schema collection', p_collection);
         END IF;
