@@ -20,9 +20,10 @@ test: $(STAMP)
 # The other end of every range: the lowest versions pyproject.toml declares (uv's lowest-direct
 # resolution: Airflow 3.3.0, the Spark provider 5.6.0 and PySpark 3.5, psycopg 3.2, ...) in a
 # virtual environment of their own, on the tiers versions concern: the engine, least-privilege
-# and Airflow tiers and the Spark readers on local[2] (the soak and crash tests and the system
-# tier run with constraints.txt only). The server is AIRFLOW_BROKER_TEST_DSN's when it is set
-# (.ci/run gives it the oldest PostgreSQL this machine's packages have), else the embedded one.
+# and Airflow tiers and the Spark readers' real jobs on local[2] (the other soak and crash
+# tests and the system tier run with constraints.txt only). The server is the one
+# AIRFLOW_BROKER_TEST_DSN names when it is set (.ci/run gives it the oldest PostgreSQL this
+# machine's packages have), else the embedded one.
 LOWEST := .venv-lowest
 test-lowest: $(STAMP)
 	rm -rf $(LOWEST)
@@ -32,6 +33,8 @@ test-lowest: $(STAMP)
 	$(LOWEST)/bin/python -c 'import airflow, pyspark, psycopg; print("lowest versions: Airflow",\
 		airflow.__version__, "PySpark", pyspark.__version__, "psycopg", psycopg.__version__)'
 	$(LOWEST)/bin/pytest -m "not system and not slow" tests/integration tests/least_privilege
+	$(LOWEST)/bin/pytest -m slow tests/integration/test_spark_reader.py \
+		tests/integration/airflow/test_spark_operator.py
 
 # Benchmarks side by side with pgmq (about 15 minutes); BENCH_ARGS=--quick for a smoke run.
 bench: $(STAMP)
