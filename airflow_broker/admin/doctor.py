@@ -4,6 +4,7 @@ it means and how to fix it."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 import psycopg
 
 from airflow_broker import migrations
+from airflow_broker.admin import postgres_releases as releases
 from airflow_broker.broker import Broker
 from airflow_broker.errors import AddressError
 from airflow_broker.messages import MAX_MESSAGE_SIZE
@@ -78,6 +80,38 @@ def _rows(conn: psycopg.Connection[tuple[Any, ...]], query: str, schema: str,
           params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """The rows of the named query ``query`` (sql/queries/doctor.sql)."""
     return conn.execute(Queries(schema)[query], params).fetchall()
+
+
+def release_finding(version_num: int, today: dt.date) -> Finding | None:
+    """What a server of ``server_version_num`` (180006 is 18.6) lacks, by the table of releases
+    known when this package was built; nothing for a major newer than the table."""
+    major, minor = divmod(version_num, 10000)
+    running = f"PostgreSQL {major}.{minor}" if major >= 10 else f"PostgreSQL {version_num}"
+    newest = max(releases.LATEST_MINOR)
+    latest = releases.LATEST_MINOR.get(major)
+    end = releases.END_OF_LIFE.get(major)
+    if latest is None or (end is not None and today > dt.date.fromisoformat(end)):
+        if major > newest:
+            return None
+        return Finding(
+            WARNING, "server", running,
+            f"PostgreSQL {major} is past its end of life" + (f" ({end})" if end else "")
+            + ": it gets no more security fixes",
+            f"upgrade to PostgreSQL {newest} (pg_upgrade, or a dump and restore)")
+    if minor < int(latest.split(".")[1]):
+        return Finding(
+            WARNING, "server", running,
+            f"lacks the fixes of later releases of PostgreSQL {major}, security fixes among "
+            f"them: the latest known on {releases.WRITTEN} is {latest}",
+            f"upgrade to {latest} (a minor upgrade: new binaries and a restart, no dump and "
+            "restore)")
+    return None
+
+
+def check_server(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
+    finding = release_finding(conn.info.server_version, dt.date.today())
+    if finding is not None:
+        yield finding
 
 
 def check_queues(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
@@ -334,6 +368,7 @@ def check_permissions(conn: psycopg.Connection[tuple[Any, ...]],
 
 
 CHECKS: dict[str, Check] = {
+    "server": check_server,
     "queues": check_queues,
     "messages": check_oversized_messages,
     "activation": check_activation,
