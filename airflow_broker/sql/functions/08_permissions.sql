@@ -396,8 +396,8 @@ BEGIN
     IF s.class = 0 THEN
         PERFORM raise_error(102, p_securable);
     END IF;
-    IF NOT (has_permission('TAKE OWNERSHIP', s.class, s.major_id, s.owner)
-            OR has_permission('CONTROL', s.class, s.major_id, s.owner)) THEN
+    -- CONTROL implies TAKE OWNERSHIP (role_may counts it for every permission).
+    IF NOT has_permission('TAKE OWNERSHIP', s.class, s.major_id, s.owner) THEN
         PERFORM raise_error(15151, s.kind, s.name);
     END IF;
     IF upper(coalesce(p_principal, '')) <> 'SCHEMA OWNER' THEN
