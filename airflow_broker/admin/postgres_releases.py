@@ -9,10 +9,11 @@ from __future__ import annotations
 
 WRITTEN = "2026-11-27"
 
-# Per supported major: its latest minor release (the regular release of 2026-11-12; 14.25 is
-# PostgreSQL 14's last), and the day it stops receiving fixes.
+# Per supported major: its latest minor release (the regular release of 2026-11-12, two
+# after 18.4 / 17.10 / 16.14 / 15.18 / 14.23 of May; 14.25 is PostgreSQL 14's last), and the day
+# it stops receiving fixes.
 LATEST_MINOR: dict[int, str] = {
-    18: "18.7",
+    18: "18.6",
     17: "17.12",
     16: "16.16",
     15: "15.20",

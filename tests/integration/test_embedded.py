@@ -64,3 +64,12 @@ def test_a_data_dir_holding_other_files_is_refused_with_the_reason(data_dir: Pat
     assert result.returncode != 0
     assert "neither empty nor a PostgreSQL data directory" in result.stderr
     assert (data_dir / "notes.txt").read_text() == "not a database"
+
+
+def test_a_data_dir_of_another_major_is_refused_with_what_to_do(data_dir: Path) -> None:
+    data_dir.mkdir()
+    (data_dir / "PG_VERSION").write_text("16\n")  # what the pgserver wheel's PostgreSQL left
+    result = cli(data_dir, "server", "uri")
+    assert result.returncode != 0
+    assert "holds a PostgreSQL 16 data directory" in result.stderr
+    assert "pg_dumpall" in result.stderr

@@ -35,9 +35,10 @@ def test_an_older_minor_lacks_the_security_releases_after_it() -> None:
 
 
 def test_minors_compare_as_numbers_not_as_text() -> None:
-    # 18.10 > 18.7 although "18.10" < "18.7"; 180010 is what the server reports for 18.10.
-    assert release_finding(180010, TODAY) is None
-    assert release_finding(180006, TODAY) is not None
+    # 17.12 > 17.9 although "17.12" < "17.9"; 170012 is what the server reports for 17.12.
+    assert releases.LATEST_MINOR[17] == "17.12"
+    assert release_finding(170012, TODAY) is None
+    assert release_finding(170009, TODAY) is not None
 
 
 def test_a_major_past_its_end_of_life_gets_no_more_fixes() -> None:
