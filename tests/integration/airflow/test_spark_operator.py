@@ -24,12 +24,13 @@ from airflow_broker.spark import cluster as spark_cluster
 from tests.fixtures.airflow import RunDag, task_states, xcom
 from tests.support.brokers import App
 from tests.support.helpers import count
+from tests.support.spark_cluster import SparkCluster
 
 
-@pytest.mark.slow
-def test_activated_reader_job(run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+def run_reader_job(run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch,
+                   master: str) -> dict[str, Any]:
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL",
-                       json.dumps({"conn_type": "spark", "host": "local[2]"}))
+                       json.dumps({"conn_type": "spark", "host": master}))
     with psycopg.connect(app.broker.dsn) as conn:
         conn.execute("CREATE TABLE public.results (message_id uuid PRIMARY KEY,"
                      " conversation_handle uuid, sequence bigint, trade text, pid integer)")
@@ -40,13 +41,37 @@ def test_activated_reader_job(run_dag: RunDag, app: App, monkeypatch: pytest.Mon
                                          else "<trade" for i in range(5)])
     dag_run = run_dag("t_spark_reader")
     assert set(task_states(dag_run).values()) == {"success"}, task_states(dag_run)
-    summary = xcom(dag_run, "read")
+    summary: dict[str, Any] = xcom(dag_run, "read")
     assert (summary["received"], summary["processed"], summary["replied"],
             summary["quarantined"], summary["readers"]) == (100, 99, 99, 1, 2)
     assert count(app.broker, "SELECT count(*) FROM public.results") == 99
     discarded = xcom(dag_run, "discard")
     assert len(discarded) == 1
     assert quarantine.list_quarantined(app.broker, "q_t") == []
+    return summary
+
+
+@pytest.mark.slow
+def test_activated_reader_job(run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_reader_job(run_dag, app, monkeypatch, "local[2]")
+
+
+@pytest.mark.slow
+def test_activated_reader_job_on_a_standalone_cluster_of_this_pyspark(
+        run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The cluster's Spark is the installed PySpark's own (4.x with constraints.txt, 3.5 in
+    `make test-lowest`), its executors' Python a bare one: the operator ships the engine and
+    the handler, and the readers book on the executors, not in the driver."""
+    cluster = SparkCluster(tmp_path / "spark").start()
+    try:
+        summary = run_reader_job(run_dag, app, monkeypatch, cluster.master_url)
+        assert summary["failed_readers"] == []
+        apps = cluster.state()["completedapps"]
+        assert [a["state"] for a in apps] == ["FINISHED"], cluster.log_tails()
+        # The readers ran in executors the workers launched (their folders hold the logs).
+        assert list((tmp_path / "spark").glob(f"worker-*/{apps[0]['id']}/*/stderr"))
+    finally:
+        cluster.stop()
 
 
 PASSWORD = "s3cret-Pa55word"
