@@ -11,8 +11,8 @@ from typing import Any
 from airflow_broker._statements import Statements
 from airflow_broker.errors import (
     NOT_A_HANDLE,
-    BrokerError,
     IncorrectSyntax,
+    LifetimeOutOfRange,
     NotAHandle,
 )
 from airflow_broker.validation import verdict
@@ -77,8 +77,7 @@ class ConversationStatements(Statements):
             ["text", "text", "text", "uuid", "uuid", "integer", "boolean", "text", "uuid"],
         )
         if lifetime is not None and not 1 <= lifetime <= MAX_LIFETIME:
-            raise BrokerError(
-                8411,
+            raise LifetimeOutOfRange(
                 f"The dialog lifetime value of {lifetime} is outside the allowable range of 1 to "
                 "2147483647. Specify a valid dialog lifetime value.",
             )

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from airflow_broker._statements import Statements
-from airflow_broker.errors import BrokerError, IncorrectSyntax
-from airflow_broker.messages import Message
+from airflow_broker.errors import IncorrectSyntax, ValueOutOfRange
+from airflow_broker.messages import RECEIVED_COLUMNS, Message
 
 T = TypeVar("T")
 
@@ -41,10 +41,10 @@ class ReceiveStatements(Statements):
 
         def once() -> list[Message]:
             rows = runner.run(q, params)
-            messages = [Message(*row[:16]) for row in rows]
+            messages = [Message.from_row(row) for row in rows]
             if messages:
                 runner.locked_groups({m.conversation_group_id for m in messages})
-                xid, queue_id, poison_handling = rows[0][16:19]
+                xid, queue_id, poison_handling = rows[0][len(RECEIVED_COLUMNS):]
                 runner.received_from(queue_id, xid, messages, poison_handling)
             return messages
 
@@ -78,9 +78,7 @@ class ReceiveStatements(Statements):
         if timeout is not None and not waitfor:
             raise IncorrectSyntax("Incorrect syntax near 'TIMEOUT': TIMEOUT needs WAITFOR.")
         if timeout is not None and (math.isnan(timeout) or timeout < 0):
-            raise BrokerError(
-                50106, f"Incorrect value {timeout} for TIMEOUT; expected seconds >= 0."
-            )
+            raise ValueOutOfRange(f"Incorrect value {timeout} for TIMEOUT; expected seconds >= 0.")
         result = attempt()
         if found(result) or not waitfor:
             return result
