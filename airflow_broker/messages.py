@@ -5,7 +5,8 @@ from __future__ import annotations
 import codecs
 import json
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from lxml import etree
@@ -67,6 +68,13 @@ class Message:
     # How often this message came back after a receiving transaction rolled back.
     attempts: int = 0
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Message:
+        """A row of RECEIVE: the columns of the schema's ``received_message`` type, which are
+        the fields above in their order (a test holds the two together), then whatever the
+        statement adds after them."""
+        return cls(**dict(zip(RECEIVED_COLUMNS, row, strict=False)))
+
     @property
     def is_end_dialog(self) -> bool:
         return self.message_type_name == END_DIALOG
@@ -119,3 +127,7 @@ def parse_error_body(body: bytes | None) -> ErrorDocument:
     if code is None:
         raise ValueError("the Error document has no Code element")
     return ErrorDocument(code=int(code), description=description)
+
+
+# What a row of RECEIVE starts with: the received_message type's columns, in order.
+RECEIVED_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Message))

@@ -329,8 +329,12 @@ class QueueReader:
         rows = runner.run(queries["parked_messages"], [conversation])
         for (qid, message_id, type_name, seq, body, attempts, group, service,
              contract) in rows:
-            message = Message(1, 5, 0, group, conversation, seq, service, 0, contract, 0,
-                              type_name, 0, "N", body, message_id, attempts)
+            message = Message(
+                status=1, priority=5, queuing_order=0, conversation_group_id=group,
+                conversation_handle=conversation, message_sequence_number=seq,
+                service_name=service, service_id=0, service_contract_name=contract,
+                service_contract_id=0, message_type_name=type_name, message_type_id=0,
+                validation="N", message_body=body, message_id=message_id, attempts=attempts)
             try:
                 with ctx.tx.savepoint():
                     self._reply(ctx, message, self.handler(message, ctx))

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker, BrokerError, Message, QueueDisabledError
+from airflow_broker.messages import RECEIVED_COLUMNS
 from tests.support.brokers import App
 from tests.support.helpers import backend_waits_for_lock, count, snapshot, target_handle, wait_until
 
@@ -483,3 +484,15 @@ def test_each_receive_counts_once_for_the_queue_monitor_whichever_way_it_runs(ap
         assert tx.receive("q_t", 5) == []
     after, empty_after = _receive_counts(app.broker)
     assert (after - before, empty_after - empty_before) == (6, 2)
+
+
+def test_a_received_row_fills_every_field_of_message_by_name(broker: Broker) -> None:
+    """RECEIVE's rows are the schema's received_message type; Message's fields are its
+    columns, in the same order, so a column added to one and not the other fails here rather
+    than shifting every value after it."""
+    with psycopg.connect(broker.dsn) as conn:
+        columns = [r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = (SELECT typrelid FROM pg_type"
+            " WHERE typname = 'received_message' AND typnamespace = 'broker'::regnamespace)"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum").fetchall()]
+    assert tuple(columns) == RECEIVED_COLUMNS
