@@ -1,12 +1,12 @@
 """The wheel installed with pip's resolver into an Airflow that users already run: nothing
 they had is upgraded or downgraded, the provider is found, and its DAG-facing modules import.
 
-The user's environments are made the way Airflow's installation guide makes them (Airflow and
-its providers first, pinned; the provider afterwards, with the environment's versions as
-constraints), resolved from the package index at the time of the run (Airflow's published
-constraints files live on GitHub, which the tests do not reach): the newest Airflow with a Spark provider of the 5.x line and PySpark 3.5 (a
-Spark 3.5 cluster's driver), and the lowest Airflow the provider supports with the newest
-Spark provider and PySpark 4.
+The user's environments are made the way Airflow's installation guide makes them: Airflow
+and its providers first, pinned, then the provider, with the environment's versions as
+constraints. They are resolved from the package index at the time of the run (Airflow's
+published constraints files live on GitHub, which the tests do not reach): the newest Airflow
+with a Spark provider of the 5.x line and PySpark 3.5 (a Spark 3.5 cluster's driver), and the
+lowest Airflow the provider supports with the newest Spark provider and PySpark 4.
 """
 
 from __future__ import annotations
