@@ -22,6 +22,7 @@ from airflow_broker.errors import IncorrectSyntax
 from airflow_broker.hooks.broker import BrokerHook
 from airflow_broker.poison.strategies import get_strategy
 from airflow_broker.readers import runs as reader_runs
+from airflow_broker.readers.queue_reader import default
 from airflow_broker.spark import cluster as spark_cluster
 from airflow_broker.spark import shipping as spark_shipping
 
@@ -136,12 +137,12 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         broker_conn_id: str = BrokerHook.default_conn_name,
         readers: int | None = None,
         batch: bool = False,
-        batch_size: int = 100,
-        waitfor_timeout: float = 1.0,
-        idle_exit: float = 5.0,
-        poison_strategy: str = "quarantine",
-        max_attempts: int = 3,
-        timer_retry_delay: int = 30,
+        batch_size: int = default("batch_size"),
+        waitfor_timeout: float = default("waitfor_timeout"),
+        idle_exit: float = default("idle_exit"),
+        poison_strategy: str = default("strategy"),
+        max_attempts: int = default("max_attempts"),
+        timer_retry_delay: int = default("retry_delay"),
         reply_message_type: str | None = None,
         conn_id: str = "spark_default",
         spark_binary: str | None = None,

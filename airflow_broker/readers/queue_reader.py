@@ -78,6 +78,13 @@ class ReaderConfig:
         return get_strategy(self.strategy)
 
 
+def default(setting: str) -> Any:
+    """ReaderConfig's default for ``setting``: the one place the reader's defaults are written
+    (the Spark job's options and ActivatedReaderOperator's arguments take theirs from here)."""
+    return ReaderConfig.__dataclass_fields__[setting].default
+
+
+
 @dataclass
 class ReaderContext:
     """What a handler is given: the reader's transaction and a few conveniences."""

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_broker.broker import DSN_ENV
 from airflow_broker.poison.strategies import strategy_names
+from airflow_broker.readers.queue_reader import default
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -51,15 +52,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              " never more than the cluster runs at once")
     parser.add_argument("--executor-wait", type=float, default=30.0,
                         help="seconds to wait for executors to register before sizing")
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--waitfor-timeout", type=float, default=1.0, help="seconds")
-    parser.add_argument("--idle-exit", type=float, default=5.0,
+    parser.add_argument("--batch-size", type=int, default=default("batch_size"))
+    parser.add_argument("--waitfor-timeout", type=float, default=default("waitfor_timeout"),
+                        help="seconds")
+    parser.add_argument("--idle-exit", type=float, default=default("idle_exit"),
                         help="stop after the queue stayed empty this many seconds")
-    parser.add_argument("--strategy", default="quarantine",
+    parser.add_argument("--strategy", default=default("strategy"),
                         help=f"poison strategy: one of {', '.join(strategy_names())}, or "
                              "package.module:ClassName")
-    parser.add_argument("--max-attempts", type=int, default=3)
-    parser.add_argument("--retry-delay", type=int, default=30, help="seconds (timer_retry)")
+    parser.add_argument("--max-attempts", type=int, default=default("max_attempts"))
+    parser.add_argument("--retry-delay", type=int, default=default("retry_delay"),
+                        help="seconds (timer_retry)")
     parser.add_argument("--reply-message-type")
     parser.add_argument("--schema", default=os.environ.get("AIRFLOW_BROKER_SCHEMA") or None)
     parser.add_argument("--run-id", default=None, help="id of the run in reader_runs")

@@ -382,3 +382,21 @@ def test_another_file_of_the_handler_modules_name_is_refused(
         prepared(tmp_path / "work", monkeypatch, "spark://127.0.0.1:7077",
                  handler="desk_handlers:handle",
                  py_files=str(tmp_path / "old" / "desk_handlers.py"))
+
+
+def test_the_operator_and_the_spark_job_default_to_the_readers_own_settings() -> None:
+    from airflow_broker.readers.queue_reader import ReaderConfig
+    from airflow_broker.spark.reader import parse_args
+
+    config = ReaderConfig(queue_name="q", handler="m:f")
+    job = parse_args(["--queue", "q", "--handler", "m:f"])
+    operator = inspect.signature(ActivatedReaderOperator.__init__).parameters
+    for setting, option, argument in [
+            ("batch_size", "batch_size", "batch_size"),
+            ("waitfor_timeout", "waitfor_timeout", "waitfor_timeout"),
+            ("idle_exit", "idle_exit", "idle_exit"),
+            ("strategy", "strategy", "poison_strategy"),
+            ("max_attempts", "max_attempts", "max_attempts"),
+            ("retry_delay", "retry_delay", "timer_retry_delay")]:
+        assert getattr(job, option) == getattr(config, setting), setting
+        assert operator[argument].default == getattr(config, setting), setting
