@@ -13,10 +13,10 @@ direction, sequence number), acknowledges them again and enqueues them once.
 from __future__ import annotations
 
 import logging
-import pkgutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 
 UNREACHABLE = "The target service broker is unreachable: {}"
 REFUSED = "The target service broker failed the transmission: {}"
-# Reading an Airflow connection needs Airflow, which the engine never imports: the Airflow
-# side of the package does it, found by name when an airflow:// address is used.
-AIRFLOW_RESOLVER = "airflow_broker.hooks.connections:far_broker_of"
+# A route address whose scheme is not postgresql:// is resolved by the entry point of that
+# name in this group: the package registers `airflow` (an Airflow connection), whose reading
+# needs Airflow, which the engine never imports.
+RESOLVERS = "airflow_broker.route_addresses"
 
 
 @dataclass(frozen=True)
@@ -49,22 +50,26 @@ class FarBroker:
 
 
 def resolve_address(address: str) -> FarBroker:
-    """``postgresql://...[?broker_schema=name]`` or ``airflow://conn_id`` (an Airflow
-    connection of type ``broker`` or ``postgres``, read through Airflow's connections by
-    :data:`AIRFLOW_RESOLVER`)."""
-    if address.lower().startswith("airflow://"):
+    """``postgresql://...[?broker_schema=name]``, or ``scheme://name`` resolved by the entry
+    point ``scheme`` of :data:`RESOLVERS`: ``airflow://conn_id`` is an Airflow connection of
+    type ``broker`` or ``postgres``, read through Airflow's connections."""
+    parts = urlsplit(address)
+    scheme = parts.scheme.lower()
+    if scheme not in ("postgresql", "postgres"):
+        (resolver,) = entry_points(group=RESOLVERS, name=scheme) or [None]
+        if resolver is None:
+            raise AddressError(f"{redact(address)}: not a postgresql:// or airflow:// address")
         try:
-            resolver = pkgutil.resolve_name(AIRFLOW_RESOLVER)
+            resolve = resolver.load()
         except ImportError as exc:  # Airflow is an optional extra
-            raise AddressError(f"{redact(address)}: Airflow is not installed ({exc})") from None
+            raise AddressError(
+                f"{redact(address)}: {scheme}:// addresses need a package that is not "
+                f"installed ({exc})") from None
         try:
-            dsn, schema = resolver(address[len("airflow://"):])
+            dsn, schema = resolve(address[len(scheme) + len("://"):])
         except Exception as exc:  # Airflow raises its own not-found types per version
             raise AddressError(redact(f"{address}: {exc}")) from None
         return FarBroker(dsn, schema)
-    parts = urlsplit(address)
-    if parts.scheme.lower() not in ("postgresql", "postgres"):
-        raise AddressError(f"{redact(address)}: not a postgresql:// or airflow:// address")
     query = parse_qsl(parts.query, keep_blank_values=True)
     schema = next((v for k, v in query if k == "broker_schema"), DEFAULT_SCHEMA)
     rest = [(k, v) for k, v in query if k != "broker_schema"]

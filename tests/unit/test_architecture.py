@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,6 +111,23 @@ def test_the_import_graph_has_no_cycle() -> None:
         if node not in state:
             walk(node)
     assert cycles == []
+
+
+def test_every_registration_names_a_callable_of_the_tree() -> None:
+    """What the package finds by registration instead of by import (pyproject.toml's entry
+    points: Airflow's provider info, route address resolvers) exists where it says; and a
+    resolver the engine's transport loads lives outside the engine, which must not import it."""
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    known = dict(modules())
+    for group, entries in project["entry-points"].items():
+        for target in entries.values():
+            module, _, attribute = target.partition(":")
+            assert module in known, (group, target)
+            tree = ast.parse(known[module].read_text())
+            assert attribute in {n.name for n in tree.body
+                                 if isinstance(n, ast.FunctionDef | ast.ClassDef)}, target
+            if group == "airflow_broker.route_addresses":
+                assert module.split(".")[1] in AIRFLOW_FOLDERS, target
 
 
 @pytest.mark.parametrize("name", [name for name, _ in modules()])
