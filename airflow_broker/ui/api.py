@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from airflow_broker.broker import Broker
-from airflow_broker.errors import BrokerError, InvalidObjectName
+from airflow_broker.errors import BrokerError, NotFound
 from airflow_broker.ui import access, console
 
 DIST = Path(__file__).parent / "www" / "dist"
@@ -68,7 +68,7 @@ BrokerDep = Annotated[Broker, Depends(broker)]
 
 @app.exception_handler(BrokerError)
 async def broker_error(request: Request, error: BrokerError) -> JSONResponse:
-    code = 404 if isinstance(error, InvalidObjectName) else 409
+    code = 404 if isinstance(error, NotFound) else 409
     return JSONResponse(console.error_body(error), status_code=code)
 
 
