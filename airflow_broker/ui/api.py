@@ -123,23 +123,21 @@ class ReplayBody(BaseModel):
     quarantine_ids: list[int] = Field(min_length=1, max_length=10_000)
 
 
+# Authorisation before the audit log: a refused request is not an action.
 @app.post("/api/queues/{queue_name}/status",
-          dependencies=[Depends(action_logging(event="broker_queue_status"))])
-def post_queue_status(
-        queue_name: str, body: QueueStatusBody, engine: BrokerDep,
-        user: Annotated[BaseUser, Depends(access.requires("POST", access.QUEUES))],
-) -> dict[str, Any]:
+          dependencies=[Depends(access.requires("POST", access.QUEUES)),
+                        Depends(action_logging(event="broker_queue_status"))])
+def post_queue_status(queue_name: str, body: QueueStatusBody,
+                      engine: BrokerDep) -> dict[str, Any]:
     console.set_queue_status(engine, queue_name, body.enabled)
     return {"queue_name": queue_name, "enabled": body.enabled}
 
 
 @app.post("/api/queues/{queue_name}/replay-and-enable",
-          dependencies=[Depends(action_logging(event="broker_replay_and_enable"))])
-def post_replay_and_enable(
-        queue_name: str, body: ReplayBody, engine: BrokerDep,
-        user: Annotated[BaseUser, Depends(access.requires("POST", access.QUARANTINE,
-                                                          access.QUEUES))],
-) -> dict[str, Any]:
+          dependencies=[Depends(access.requires("POST", access.QUARANTINE, access.QUEUES)),
+                        Depends(action_logging(event="broker_replay_and_enable"))])
+def post_replay_and_enable(queue_name: str, body: ReplayBody,
+                           engine: BrokerDep) -> dict[str, Any]:
     replayed = console.replay_and_enable(engine, queue_name, body.quarantine_ids)
     return {"queue_name": queue_name, "replayed": replayed, "enabled": True}
 

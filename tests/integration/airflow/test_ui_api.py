@@ -135,6 +135,10 @@ def test_roles_below_op_may_not_write(ui: Ui, poisoned: PoisonedQueue, role: str
         assert response.status_code == 403, (path, response.text)
     assert queue_row(ui)["enabled"] is False
     assert queue_row(ui)["quarantined"] == 2
+    # A refused request is no action of the audit log's.
+    refused = [owner for event in ("broker_queue_status", "broker_replay_and_enable")
+               for owner, _ in audit_events(event)]
+    assert f"ui_{role}" not in refused
 
 
 def test_a_write_from_another_site_is_refused_and_changes_nothing(
