@@ -10,6 +10,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from fastapi.testclient import TestClient
 
 from airflow_broker import Broker
@@ -33,7 +35,6 @@ class Ui:
 
     def __init__(self, client: TestClient) -> None:
         from airflow.api_fastapi.app import init_auth_manager
-        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
         self.client = client
         manager = init_auth_manager()
@@ -61,6 +62,30 @@ def ui(airflow_db: Path, broker_conn: str) -> Iterator[Ui]:
     finally:
         # The next test's broker_default is another database.
         api.close_brokers()
+
+
+class BodiesWithheld(SimpleAuthManager):
+    """An auth manager that refuses message bodies to everyone, as a FAB role without
+    can_read on Broker Message Bodies does."""
+
+    def is_authorized_custom_view(self, *, method: Any, resource_name: str,
+                                  user: SimpleAuthManagerUser) -> bool:
+        return resource_name != "Broker Message Bodies" and bool(
+            super().is_authorized_custom_view(method=method, resource_name=resource_name,
+                                              user=user))
+
+
+@pytest.fixture
+def bodies_withheld(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from airflow.api_fastapi.app import purge_cached_app
+
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", f"{__name__}.BodiesWithheld")
+    purge_cached_app()
+    try:
+        yield
+    finally:
+        # The next test's auth manager is the configured one again.
+        purge_cached_app()
 
 
 @pytest.fixture
@@ -120,6 +145,16 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     assert {m["error"] for m in quarantine["messages"]} == {"ValueError: bad trade"}
     op = ui.get("/api/overview", "op").json()["permissions"]
     assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True}
+
+
+def test_bodies_are_masked_for_users_the_auth_manager_refuses_them(
+        bodies_withheld: None, ui: Ui, poisoned: PoisonedQueue) -> None:
+    queue = ui.get(f"/api/queues/{QUEUE}", "admin").json()
+    assert queue["permissions"]["view_bodies"] is False
+    [group] = queue["groups"]
+    assert [(m["body"], m["body_masked"]) for m in group["messages"]] == [(None, True)]
+    quarantine = ui.get(f"/api/queues/{QUEUE}/quarantine", "admin").json()
+    assert {(m["body"], m["body_masked"]) for m in quarantine["messages"]} == {(None, True)}
 
 
 def test_quarantine_filter_by_error_text(ui: Ui, poisoned: PoisonedQueue) -> None:
