@@ -19,6 +19,7 @@ import pytest
 
 from airflow_broker import Broker
 from tests.fixtures.system import ROLE_USERS, USERNAME, SystemDatabases
+from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
 
@@ -103,7 +104,11 @@ def queue_row(page: Page) -> Any:
 
 
 def test_the_plugin_is_in_airflows_menu_and_serves_its_bundle(
-        airflow_deployment: Deployment) -> None:
+        airflow_deployment: Deployment, airflow_api: AirflowApi) -> None:
+    plugins = {p["name"]: p for p in airflow_api.get("/api/v2/plugins")["plugins"]}
+    [react_app] = plugins["airflow_broker_ui"]["react_apps"]
+    assert (react_app["name"], react_app["destination"], react_app["url_route"]) == (
+        "Broker", "nav", "broker")
     api = airflow_deployment.api_url
     bundle = httpx.get(f"{api}/broker/static/broker-ui.umd.cjs")
     assert bundle.status_code == 200
