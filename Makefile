@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 EXTRAS := dev,airflow,spark,embedded
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-lowest lint bench bench-airflow constraints clean
+.PHONY: demo test test-lowest lint bench bench-airflow constraints clean ui
 
 demo: $(STAMP)
 	$(BIN)/airflow-broker demo
@@ -43,6 +43,11 @@ bench: $(STAMP)
 # From a SEND's commit to DAG code in a real Airflow deployment (about 5 minutes).
 bench-airflow: $(STAMP)
 	$(BIN)/python -m bench.airflow_latency $(BENCH_ARGS)
+
+# The broker's pages in Airflow's UI: rebuilds the bundle committed in airflow_broker/ui/www/dist
+# (the wheel ships it, so installing needs no Node).
+ui:
+	cd airflow_broker/ui/www && npm ci && npm run build
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

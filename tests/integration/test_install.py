@@ -165,8 +165,10 @@ def test_wheel_maps_airflow_folders_into_the_package(tmp_path: Path) -> None:
     assert tops == {"airflow_broker", wheel.name.split("-py3")[0] + ".dist-info"}
     assert len(names) == len(set(names))
     for package in ("hooks", "operators", "sensors", "triggers", "notifications", "queues",
-                    "admin", "demos", "poison", "readers", "spark", "worker"):
+                    "admin", "demos", "poison", "readers", "spark", "worker", "ui"):
         assert f"airflow_broker/{package}/__init__.py" in names
+    # The UI's built bundle, and none of its sources or build tools.
+    assert [n for n in names if "/www/" in n] == ["airflow_broker/ui/www/dist/broker-ui.umd.cjs"]
     # Every module of the source tree is in the wheel.
     package_dir = root / "airflow_broker"
     assert {f"airflow_broker/{p.relative_to(package_dir)}" for p in package_dir.rglob("*.py")

@@ -63,12 +63,15 @@ class Deployment:
     """The running deployment. ``env`` is the complete environment of every component."""
 
     def __init__(self, home: Path, project: InstalledProject, env: Mapping[str, str], *,
-                 api_url: str, api_user: tuple[str, str], broker_dsn: str) -> None:
+                 api_url: str, api_user: tuple[str, str], broker_dsn: str,
+                 passwords: Mapping[str, str] | None = None) -> None:
         self.home = home
         self.project = project
         self.env = dict(env)
         self.api_url = api_url
         self.api_user = api_user  # (username, password) of the simple auth manager
+        # Every user of the simple auth manager, with its password.
+        self.passwords = dict(passwords or {api_user[0]: api_user[1]})
         self.broker_dsn = broker_dsn
         self.dags_folder = Path(self.env["AIRFLOW__CORE__DAGS_FOLDER"])
         # Apart from AIRFLOW_HOME/logs, which holds the task and DAG-processing logs.

@@ -1,0 +1,143 @@
+"""The FastAPI app behind the broker's pages, mounted by Airflow's api-server at ``/broker``.
+
+Every route needs Airflow's logged-in user and the auth manager's consent (access.py); every
+write is a POST with a JSON body, refused when another site sent it, and goes to Airflow's
+audit log. The broker is reached through the Airflow connection ``[broker] ui_conn_id``
+(``broker_default`` unless configured).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.logging.decorators import action_logging
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, Field
+
+from airflow_broker.broker import Broker
+from airflow_broker.errors import BrokerError, NotFound
+from airflow_broker.ui import access, console
+
+DIST = Path(__file__).parent / "www" / "dist"
+BUNDLE = "broker-ui.umd.cjs"
+
+app = FastAPI(title="Service Broker", description="The broker's queues and quarantine",
+              docs_url=None, redoc_url=None, openapi_url=None)
+
+Reader = Annotated[BaseUser, Depends(access.requires("GET"))]
+
+
+def conn_id() -> str:
+    from airflow.configuration import conf
+
+    from airflow_broker.hooks.broker import BrokerHook
+
+    return str(conf.get("broker", "ui_conn_id", fallback=BrokerHook.default_conn_name))
+
+
+_brokers: dict[str, Broker] = {}
+_brokers_lock = threading.Lock()
+
+
+def broker() -> Broker:
+    """One engine (a small pool) per connection id for the life of the api-server."""
+    name = conn_id()
+    with _brokers_lock:
+        engine = _brokers.get(name)
+        if engine is None:
+            from airflow_broker.hooks.broker import BrokerHook
+
+            engine = BrokerHook(name, max_connections=2).get_broker()
+            _brokers[name] = engine
+        return engine
+
+
+def close_brokers() -> None:
+    with _brokers_lock:
+        for engine in _brokers.values():
+            engine.close()
+        _brokers.clear()
+
+
+BrokerDep = Annotated[Broker, Depends(broker)]
+
+
+@app.exception_handler(BrokerError)
+async def broker_error(request: Request, error: BrokerError) -> JSONResponse:
+    code = 404 if isinstance(error, NotFound) else 409
+    return JSONResponse(console.error_body(error), status_code=code)
+
+
+@app.exception_handler(console.NotQuarantined)
+async def not_quarantined(request: Request, error: console.NotQuarantined) -> JSONResponse:
+    return JSONResponse({"detail": str(error), "error_number": None}, status_code=409)
+
+
+# -- the front end ---------------------------------------------------------------------------
+
+@app.get("/static/{name}", include_in_schema=False)
+def static(name: str) -> FileResponse:
+    """The built bundle; Airflow's UI imports it as a module, which needs a JavaScript type."""
+    if name != BUNDLE or not (DIST / name).is_file():
+        raise HTTPException(404, "not found")
+    return FileResponse(DIST / name, media_type="application/javascript",
+                        headers={"Cache-Control": "no-cache"})
+
+
+# -- reads -----------------------------------------------------------------------------------
+
+@app.get("/api/overview")
+def get_overview(user: Reader, engine: BrokerDep) -> dict[str, Any]:
+    return {"queues": console.overview(engine), "permissions": access.permissions(user),
+            "user": user.get_name()}
+
+
+@app.get("/api/queues/{queue_name}")
+def get_queue(queue_name: str, user: Reader, engine: BrokerDep) -> dict[str, Any]:
+    perms = access.permissions(user)
+    return {**console.queue_messages(engine, queue_name, bodies=perms["view_bodies"]),
+            "permissions": perms}
+
+
+@app.get("/api/queues/{queue_name}/quarantine")
+def get_quarantine(queue_name: str, engine: BrokerDep,
+                   user: Annotated[BaseUser, Depends(access.requires("GET", access.QUARANTINE))],
+                   error: Annotated[str | None, Query(max_length=200)] = None) -> dict[str, Any]:
+    perms = access.permissions(user)
+    return {"queue_name": queue_name, "permissions": perms,
+            "messages": console.quarantine(engine, queue_name, bodies=perms["view_bodies"],
+                                           error_contains=error)}
+
+
+# -- writes ----------------------------------------------------------------------------------
+
+class QueueStatusBody(BaseModel):
+    enabled: bool
+
+
+class ReplayBody(BaseModel):
+    quarantine_ids: list[int] = Field(min_length=1, max_length=10_000)
+
+
+# Authorisation before the audit log: a refused request is not an action.
+@app.post("/api/queues/{queue_name}/status",
+          dependencies=[Depends(access.requires("POST", access.QUEUES)),
+                        Depends(action_logging(event="broker_queue_status"))])
+def post_queue_status(queue_name: str, body: QueueStatusBody,
+                      engine: BrokerDep) -> dict[str, Any]:
+    console.set_queue_status(engine, queue_name, body.enabled)
+    return {"queue_name": queue_name, "enabled": body.enabled}
+
+
+@app.post("/api/queues/{queue_name}/replay-and-enable",
+          dependencies=[Depends(access.requires("POST", access.QUARANTINE, access.QUEUES)),
+                        Depends(action_logging(event="broker_replay_and_enable"))])
+def post_replay_and_enable(queue_name: str, body: ReplayBody,
+                           engine: BrokerDep) -> dict[str, Any]:
+    replayed = console.replay_and_enable(engine, queue_name, body.quarantine_ids)
+    return {"queue_name": queue_name, "replayed": replayed, "enabled": True}
+

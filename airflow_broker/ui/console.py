@@ -1,0 +1,161 @@
+"""What the broker's pages in Airflow's UI read and change, as JSON-ready dicts.
+
+Reads go through the broker's views and functions (sql/queries/ui.sql, queue_state,
+quarantined_messages); changes through its functions (ALTER QUEUE, replay_quarantined), each
+in one broker transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_broker._statements import runner_of
+from airflow_broker.broker import Broker
+from airflow_broker.errors import BrokerError, InvalidObjectName
+from airflow_broker.messages import decode_body
+from airflow_broker.poison.quarantine import list_quarantined
+
+# The queue page shows the head of each queue, not all of a backlog of millions.
+MESSAGE_LIMIT = 500
+BODY_PREVIEW = 2000
+
+
+class NotQuarantined(LookupError):
+    """A replay named a message that is not waiting in this queue's quarantine."""
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    # The broker keeps UTC in timestamp without time zone.
+    return None if value is None else value.replace(tzinfo=dt.UTC).isoformat()
+
+
+def body_text(body: bytes | None) -> str | None:
+    try:
+        text = decode_body(body)
+    except UnicodeDecodeError:
+        return f"<{len(body or b'')} bytes, not text>"
+    if text is not None and len(text) > BODY_PREVIEW:
+        return text[:BODY_PREVIEW] + "…"
+    return text
+
+
+def overview(broker: Broker) -> list[dict[str, Any]]:
+    """Every queue the login may see."""
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["ui_queues"])
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    queues = []
+    for (name, schema, enabled, reason, disabled_at, activation, max_readers, ready, oldest,
+         readers, poison_reason, poison_at, poison_messages, quarantined) in rows:
+        by_poison = not enabled and reason == "POISON"
+        queues.append({
+            "name": name,
+            "schema": schema,
+            "enabled": bool(enabled),
+            "disabled_reason": None if enabled else reason,
+            "disabled_at": None if enabled else _iso(disabled_at),
+            # The event that disabled it; kept after re-enabling only as history.
+            "poison": {
+                "reason": poison_reason, "at": _iso(poison_at),
+                "message_ids": [str(m) for m in poison_messages or ()],
+            } if by_poison and poison_reason else None,
+            "activation_enabled": bool(activation),
+            "max_readers": max_readers,
+            "depth": int(ready or 0),
+            "oldest_message_at": _iso(oldest),
+            "oldest_message_age_seconds": None if oldest is None
+            else max(0.0, (now - oldest).total_seconds()),
+            "readers_running": int(readers or 0),
+            "quarantined": int(quarantined or 0),
+        })
+    return queues
+
+
+def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str, Any]:
+    """The queue's waiting messages by conversation group; bodies only when ``bodies``."""
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        state = runner.run(runner.queries["queue_status"], [queue_name])
+        if not state:
+            raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
+        rows = runner.run(runner.queries["ui_queue_messages"], [queue_name, MESSAGE_LIMIT + 1])
+    groups: dict[str, dict[str, Any]] = {}
+    for group, handle, sequence, type_name, status, priority, enqueued, message_id, body \
+            in rows[:MESSAGE_LIMIT]:
+        entry = groups.setdefault(str(group), {"conversation_group_id": str(group),
+                                               "messages": []})
+        entry["messages"].append({
+            "conversation_handle": str(handle),
+            "message_sequence_number": sequence,
+            "message_type_name": type_name,
+            "status": status,
+            "priority": priority,
+            "enqueued_at": _iso(enqueued),
+            "message_id": str(message_id),
+            "body": body_text(body) if bodies else None,
+            "body_masked": not bodies,
+        })
+    name, _schema, enabled, reason, disabled_at, ready, poison_reason = state[0]
+    return {
+        "name": name,
+        "enabled": bool(enabled),
+        "disabled_reason": None if enabled else reason,
+        "disabled_at": None if enabled else _iso(disabled_at),
+        "poison_reason": None if enabled else poison_reason,
+        "depth": int(ready or 0),
+        "truncated": len(rows) > MESSAGE_LIMIT,
+        "groups": list(groups.values()),
+    }
+
+
+def quarantine(broker: Broker, queue_name: str, *, bodies: bool,
+               error_contains: str | None = None) -> list[dict[str, Any]]:
+    """The queue's quarantined and parked (``retrying``) messages, oldest first."""
+    needle = (error_contains or "").casefold()
+    return [{
+        "quarantine_id": m.quarantine_id,
+        "status": m.status,
+        "quarantined_at": _iso(m.quarantined_at),
+        "attempts": m.attempts,
+        "conversation_handle": str(m.conversation_handle),
+        "message_type_name": m.message_type_name,
+        "message_sequence_number": m.message_sequence_number,
+        "message_id": str(m.message_id),
+        "error": m.error,
+        "body": body_text(m.message_body) if bodies else None,
+        "body_masked": not bodies,
+    } for m in list_quarantined(broker, queue_name) if needle in m.error.casefold()]
+
+
+def set_queue_status(broker: Broker, queue_name: str, enabled: bool) -> None:
+    """ALTER QUEUE ... WITH STATUS = ON / OFF."""
+    with broker.transaction() as tx:
+        tx.alter_queue(queue_name, status=enabled)
+
+
+def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
+    """Puts the messages back on their conversations, in sequence order, and enables the queue:
+    both or neither, so readers never meet a queue enabled without its replayed messages, nor
+    replayed messages on a queue still disabled."""
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        waiting = {row[0] for row in runner.run(
+            runner.queries["quarantined_messages"], [queue_name, queue_name, False])
+            if row[1] == queue_name}
+        missing = sorted(set(quarantine_ids) - waiting)
+        if missing:
+            raise NotQuarantined(
+                f"not waiting in the quarantine of queue {queue_name}: "
+                + ", ".join(map(str, missing)))
+        call = runner.function("replay_quarantined", 1)
+        for quarantine_id in sorted(set(quarantine_ids)):
+            runner.run(call, [quarantine_id])
+        tx.alter_queue(queue_name, status=True)
+    return len(set(quarantine_ids))
+
+
+def error_body(error: BrokerError) -> dict[str, Any]:
+    return {"detail": str(error), "error_number": error.number}

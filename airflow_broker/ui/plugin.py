@@ -1,0 +1,30 @@
+"""The Airflow plugin that adds the broker's pages to Airflow's UI (entry point
+``airflow.plugins``: Airflow loads it from the installed package's metadata)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.plugins_manager import AirflowPlugin
+
+URL_PREFIX = "/broker"
+BUNDLE_URL = f"{URL_PREFIX}/static/broker-ui.umd.cjs"
+
+
+def _fastapi_app() -> dict[str, Any]:
+    from airflow_broker.ui.api import app
+
+    return {"app": app, "url_prefix": URL_PREFIX, "name": "Service Broker"}
+
+
+class BrokerUIPlugin(AirflowPlugin):
+    name = "airflow_broker_ui"
+    fastapi_apps: list[Any] = [_fastapi_app()]  # noqa: RUF012 (AirflowPlugin's own type)
+    react_apps: list[Any] = [{  # noqa: RUF012
+        # The bundle publishes its component as globalThis[name].
+        "name": "Broker",
+        "bundle_url": BUNDLE_URL,
+        "destination": "nav",
+        "url_route": "broker",
+        "category": "Broker",
+    }]

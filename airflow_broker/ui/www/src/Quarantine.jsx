@@ -1,0 +1,104 @@
+import { Badge, Box, Button, Code, Heading, HStack, Input, Table, Text } from "@chakra-ui/react";
+import { useState } from "react";
+
+import { getJson, postJson, queuePath } from "./api";
+import { when } from "./format";
+import { Problem } from "./Problem";
+import { usePolling } from "./usePolling";
+
+export function Quarantine({ name }) {
+  const [filter, setFilter] = useState("");
+  const query = filter ? `?error=${encodeURIComponent(filter)}` : "";
+  const { data, error, refresh } = usePolling(
+    () => getJson(`${queuePath(name)}/quarantine${query}`), [name, query]);
+  const [selected, setSelected] = useState(new Set());
+  const [actionError, setActionError] = useState(null);
+  const [done, setDone] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const messages = data ? data.messages : [];
+  const perms = data ? data.permissions : {};
+
+  const toggle = (id) => {
+    const next = new Set(selected);
+    if (next.has(id)) next.delete(id); else next.add(id);
+    setSelected(next);
+  };
+  const allSelected = messages.length > 0 && messages.every((m) => selected.has(m.quarantine_id));
+
+  const replay = async () => {
+    setBusy(true);
+    setActionError(null);
+    try {
+      const result = await postJson(`${queuePath(name)}/replay-and-enable`,
+                                    { quarantine_ids: [...selected] });
+      setDone(`${result.replayed} message(s) replayed; queue ${name} enabled`);
+      setSelected(new Set());
+      await refresh();
+    } catch (err) {
+      setActionError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <Box data-testid="broker-quarantine">
+      <Heading size="lg" mb={2}>Quarantine of {name}</Heading>
+      <Problem error={error || actionError} />
+      {done && <Text color="fg.success" data-testid="replay-done" mb={2}>{done}</Text>}
+      <HStack mb={3}>
+        <Input size="sm" maxW="sm" placeholder="Filter by error text" value={filter}
+               onChange={(e) => setFilter(e.target.value)} data-testid="error-filter" />
+        {perms.replay_quarantine && (
+          <Button size="sm" colorPalette="blue" disabled={selected.size === 0 || busy}
+                  loading={busy} onClick={replay} data-testid="replay-and-enable">
+            Replay and enable queue
+          </Button>
+        )}
+      </HStack>
+      {data && messages.length === 0 && (
+        <Text data-testid="quarantine-empty">No quarantined messages.</Text>
+      )}
+      {messages.length > 0 && (
+        <Table.Root size="sm" variant="outline" data-testid="quarantine-table">
+          <Table.Header>
+            <Table.Row>
+              {perms.replay_quarantine && (
+                <Table.ColumnHeader>
+                  <input type="checkbox" aria-label="select all" checked={allSelected}
+                         data-testid="select-all"
+                         onChange={() => setSelected(allSelected ? new Set()
+                           : new Set(messages.map((m) => m.quarantine_id)))} />
+                </Table.ColumnHeader>
+              )}
+              <Table.ColumnHeader>Id</Table.ColumnHeader>
+              <Table.ColumnHeader>Status</Table.ColumnHeader>
+              <Table.ColumnHeader>Quarantined</Table.ColumnHeader>
+              <Table.ColumnHeader>Error</Table.ColumnHeader>
+              <Table.ColumnHeader>Body</Table.ColumnHeader>
+            </Table.Row>
+          </Table.Header>
+          <Table.Body>
+            {messages.map((m) => (
+              <Table.Row key={m.quarantine_id} data-testid="quarantine-row">
+                {perms.replay_quarantine && (
+                  <Table.Cell>
+                    <input type="checkbox" aria-label={`select ${m.quarantine_id}`}
+                           checked={selected.has(m.quarantine_id)}
+                           onChange={() => toggle(m.quarantine_id)}
+                           data-testid="select-message" />
+                  </Table.Cell>
+                )}
+                <Table.Cell>{m.quarantine_id}</Table.Cell>
+                <Table.Cell><Badge colorPalette={m.status === "quarantined" ? "red" : "orange"}>{m.status}</Badge></Table.Cell>
+                <Table.Cell>{when(m.quarantined_at)}</Table.Cell>
+                <Table.Cell data-testid="quarantine-error">{m.error}</Table.Cell>
+                <Table.Cell>{m.body_masked ? <Badge>hidden</Badge> : <Code>{m.body}</Code>}</Table.Cell>
+              </Table.Row>
+            ))}
+          </Table.Body>
+        </Table.Root>
+      )}
+    </Box>
+  );
+}

@@ -1,0 +1,54 @@
+// The broker's pages, rendered by Airflow's UI at /plugin/broker. The page and queue are in
+// the query string (?queue=...&page=queue|quarantine), so each page has its own address.
+import { Box, Breadcrumb, ChakraProvider, defaultSystem } from "@chakra-ui/react";
+import { useSearchParams } from "react-router-dom";
+
+import { Overview } from "./Overview";
+import { Quarantine } from "./Quarantine";
+import { Queue } from "./Queue";
+
+function Pages() {
+  const [params, setParams] = useSearchParams();
+  const queue = params.get("queue");
+  const page = queue ? params.get("page") || "queue" : "overview";
+  const open = (name, where) => setParams(name ? { queue: name, page: where } : {});
+
+  return (
+    <Box p={4} data-testid="broker-ui">
+      <Breadcrumb.Root mb={3}>
+        <Breadcrumb.List>
+          <Breadcrumb.Item>
+            <Breadcrumb.Link onClick={() => open(null)} cursor="pointer"
+                             data-testid="to-overview">Broker</Breadcrumb.Link>
+          </Breadcrumb.Item>
+          {queue && <Breadcrumb.Separator />}
+          {queue && (
+            <Breadcrumb.Item>
+              <Breadcrumb.Link onClick={() => open(queue, "queue")} cursor="pointer"
+                               data-testid="to-queue">{queue}</Breadcrumb.Link>
+            </Breadcrumb.Item>
+          )}
+          {queue && <Breadcrumb.Separator />}
+          {queue && (
+            <Breadcrumb.Item>
+              <Breadcrumb.Link onClick={() => open(queue, "quarantine")} cursor="pointer"
+                               data-testid="to-quarantine">quarantine</Breadcrumb.Link>
+            </Breadcrumb.Item>
+          )}
+        </Breadcrumb.List>
+      </Breadcrumb.Root>
+      {page === "overview" && <Overview open={open} />}
+      {page === "queue" && <Queue name={queue} />}
+      {page === "quarantine" && <Quarantine name={queue} />}
+    </Box>
+  );
+}
+
+// The host's theme, so the pages follow Airflow's light and dark mode.
+export default function BrokerPlugin() {
+  return (
+    <ChakraProvider value={globalThis.ChakraUISystem ?? defaultSystem}>
+      <Pages />
+    </ChakraProvider>
+  );
+}

@@ -1,0 +1,257 @@
+"""The API of the broker's pages in Airflow's UI (airflow_broker/ui/api.py) on a real broker
+database, with tokens of Airflow's own auth manager (SimpleAuthManager) and its audit log."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from fastapi.testclient import TestClient
+
+from airflow_broker import Broker
+from tests.support.brokers import App
+from tests.support.quarantine import PoisonedQueue, poisoned_queue
+
+# The auth manager signs and checks tokens with this secret; Airflow reads it on first use
+# and keeps it for the process, so it is set once, like the rest of tests/fixtures/airflow.py.
+os.environ.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "ui-api-tests-" + "x" * 64)
+
+QUEUE = "q_t"
+READS = ("/api/overview", f"/api/queues/{QUEUE}", f"/api/queues/{QUEUE}/quarantine")
+WRITES: tuple[tuple[str, dict[str, Any]], ...] = (
+    (f"/api/queues/{QUEUE}/status", {"enabled": True}),
+    (f"/api/queues/{QUEUE}/replay-and-enable", {"quarantine_ids": [1]}),
+)
+
+
+class Ui:
+    """The plugin's app behind a test client, and tokens for SimpleAuthManager's roles."""
+
+    def __init__(self, client: TestClient) -> None:
+        from airflow.api_fastapi.app import init_auth_manager
+
+        self.client = client
+        manager = init_auth_manager()
+        self.tokens = {role: manager.generate_jwt(SimpleAuthManagerUser(
+            username=f"ui_{role}", role=role)) for role in ("viewer", "user", "op", "admin")}
+
+    def get(self, path: str, role: str | None = None, **kwargs: Any) -> Any:
+        return self.client.get(path, headers=self._auth(role), **kwargs)
+
+    def post(self, path: str, body: Any, role: str | None = None,
+             headers: dict[str, str] | None = None) -> Any:
+        return self.client.post(path, json=body, headers={**self._auth(role), **(headers or {})})
+
+    def _auth(self, role: str | None) -> dict[str, str]:
+        return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
+
+
+@pytest.fixture
+def ui(airflow_db: Path, broker_conn: str) -> Iterator[Ui]:
+    from airflow_broker.ui import api
+
+    try:
+        with TestClient(api.app) as client:
+            yield Ui(client)
+    finally:
+        # The next test's broker_default is another database.
+        api.close_brokers()
+
+
+class BodiesWithheld(SimpleAuthManager):
+    """An auth manager that refuses message bodies to everyone, as a FAB role without
+    can_read on Broker Message Bodies does."""
+
+    def is_authorized_custom_view(self, *, method: Any, resource_name: str,
+                                  user: SimpleAuthManagerUser) -> bool:
+        return resource_name != "Broker Message Bodies" and bool(
+            super().is_authorized_custom_view(method=method, resource_name=resource_name,
+                                              user=user))
+
+
+@pytest.fixture
+def bodies_withheld(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from airflow.api_fastapi.app import purge_cached_app
+
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", f"{__name__}.BodiesWithheld")
+    purge_cached_app()
+    try:
+        yield
+    finally:
+        # The next test's auth manager is the configured one again.
+        purge_cached_app()
+
+
+@pytest.fixture
+def poisoned(app: App) -> PoisonedQueue:
+    return poisoned_queue(app.broker, "I", "T", "C", "Req", QUEUE,
+                          ["first", "second", "poison"], error="ValueError: bad trade")
+
+
+def queue_row(ui: Ui, role: str = "viewer") -> dict[str, Any]:
+    response = ui.get("/api/overview", role)
+    assert response.status_code == 200, response.text
+    rows = [q for q in response.json()["queues"] if q["name"] == QUEUE]
+    assert len(rows) == 1
+    row: dict[str, Any] = rows[0]
+    return row
+
+
+def audit_events(event: str) -> list[tuple[str | None, str]]:
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return [(row.owner, row.event) for row in session.scalars(
+            select(Log).where(Log.event == event))]
+
+
+def test_anonymous_callers_are_refused_everywhere(ui: Ui, poisoned: PoisonedQueue) -> None:
+    for path in READS:
+        assert ui.get(path).status_code == 401, path
+    for path, body in WRITES:
+        assert ui.post(path, body).status_code == 401, path
+    assert queue_row(ui)["enabled"] is False
+
+
+def test_overview_shows_the_poisoned_queue_and_what_disabled_it(
+        ui: Ui, poisoned: PoisonedQueue) -> None:
+    row = queue_row(ui)
+    assert row["enabled"] is False
+    assert row["disabled_reason"] == "POISON"
+    assert row["poison"]["message_ids"] == [str(poisoned.poison_message_id)]
+    assert "rolled back" in row["poison"]["reason"]
+    assert row["depth"] == 1
+    assert row["quarantined"] == 2
+    assert row["oldest_message_at"] is not None
+
+
+def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -> None:
+    viewer = ui.get(f"/api/queues/{QUEUE}", "viewer").json()
+    assert viewer["permissions"] == {"view_bodies": True, "enable_disable_queue": False,
+                                     "replay_quarantine": False}
+    # SimpleAuthManager lets every logged-in user read custom views, bodies included.
+    [group] = viewer["groups"]
+    assert [m["body"] for m in group["messages"]] == ["poison"]
+    quarantine = ui.get(f"/api/queues/{QUEUE}/quarantine", "viewer").json()
+    assert [m["quarantine_id"] for m in quarantine["messages"]] == poisoned.quarantine_ids
+    assert {m["error"] for m in quarantine["messages"]} == {"ValueError: bad trade"}
+    op = ui.get("/api/overview", "op").json()["permissions"]
+    assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True}
+
+
+def test_bodies_are_masked_for_users_the_auth_manager_refuses_them(
+        bodies_withheld: None, ui: Ui, poisoned: PoisonedQueue) -> None:
+    queue = ui.get(f"/api/queues/{QUEUE}", "admin").json()
+    assert queue["permissions"]["view_bodies"] is False
+    [group] = queue["groups"]
+    assert [(m["body"], m["body_masked"]) for m in group["messages"]] == [(None, True)]
+    quarantine = ui.get(f"/api/queues/{QUEUE}/quarantine", "admin").json()
+    assert {(m["body"], m["body_masked"]) for m in quarantine["messages"]} == {(None, True)}
+
+
+def test_quarantine_filter_by_error_text(ui: Ui, poisoned: PoisonedQueue) -> None:
+    path = f"/api/queues/{QUEUE}/quarantine"
+    assert len(ui.get(path, "viewer", params={"error": "BAD TRADE"}).json()["messages"]) == 2
+    assert ui.get(path, "viewer", params={"error": "timeout"}).json()["messages"] == []
+
+
+@pytest.mark.parametrize("role", ["viewer", "user"])
+def test_roles_below_op_may_not_write(ui: Ui, poisoned: PoisonedQueue, role: str) -> None:
+    for path, body in WRITES:
+        response = ui.post(path, body, role)
+        assert response.status_code == 403, (path, response.text)
+    assert queue_row(ui)["enabled"] is False
+    assert queue_row(ui)["quarantined"] == 2
+    # A refused request is no action of the audit log's.
+    refused = [owner for event in ("broker_queue_status", "broker_replay_and_enable")
+               for owner, _ in audit_events(event)]
+    assert f"ui_{role}" not in refused
+
+
+def test_a_write_from_another_site_is_refused_and_changes_nothing(
+        ui: Ui, poisoned: PoisonedQueue) -> None:
+    for site in ("cross-site", "same-site", "none"):
+        response = ui.post(f"/api/queues/{QUEUE}/replay-and-enable",
+                           {"quarantine_ids": poisoned.quarantine_ids}, "admin",
+                           headers={"Sec-Fetch-Site": site})
+        assert response.status_code == 403, response.text
+        assert "cross-origin" in response.json()["detail"]
+    row = queue_row(ui)
+    assert (row["enabled"], row["quarantined"], row["depth"]) == (False, 2, 1)
+
+
+def test_a_write_needs_a_json_body(ui: Ui, poisoned: PoisonedQueue) -> None:
+    response = ui.client.post(f"/api/queues/{QUEUE}/status", data={"enabled": "true"},
+                              headers=ui._auth("admin"))
+    assert response.status_code == 415
+    assert queue_row(ui)["enabled"] is False
+
+
+def test_replay_and_enable_then_the_queue_drains(ui: Ui, poisoned: PoisonedQueue,
+                                                 broker: Broker) -> None:
+    response = ui.post(f"/api/queues/{QUEUE}/replay-and-enable",
+                       {"quarantine_ids": poisoned.quarantine_ids}, "op",
+                       headers={"Sec-Fetch-Site": "same-origin"})
+    assert response.status_code == 200, response.text
+    assert response.json()["replayed"] == 2
+    row = queue_row(ui)
+    assert (row["enabled"], row["quarantined"], row["depth"]) == (True, 0, 3)
+    with broker.transaction() as tx:
+        bodies = [m.text() for m in tx.receive(QUEUE, 10)]
+    assert bodies == ["first", "second", "poison"]
+    assert queue_row(ui)["depth"] == 0
+    assert audit_events("broker_replay_and_enable")[-1] == ("ui_op", "broker_replay_and_enable")
+
+
+def test_replay_and_enable_is_one_transaction(ui: Ui, poisoned: PoisonedQueue,
+                                              app: App, broker_conn: str) -> None:
+    # The second message's conversation ends: it can no longer be replayed (error 50112),
+    # after the first one was.
+    with psycopg.connect(broker_conn) as conn:
+        conn.execute("UPDATE broker.endpoints SET state = 'CD' WHERE conversation_handle = "
+                     "(SELECT conversation_handle FROM broker.quarantine"
+                     " WHERE quarantine_id = %s)", [poisoned.quarantine_ids[1]])
+    response = ui.post(f"/api/queues/{QUEUE}/replay-and-enable",
+                       {"quarantine_ids": poisoned.quarantine_ids}, "op")
+    assert response.status_code == 409, response.text
+    assert response.json()["error_number"] == 50112
+    row = queue_row(ui)
+    assert (row["enabled"], row["quarantined"], row["depth"]) == (False, 2, 1)
+
+
+def test_replay_of_a_message_not_in_the_queues_quarantine_changes_nothing(
+        ui: Ui, poisoned: PoisonedQueue) -> None:
+    response = ui.post(f"/api/queues/{QUEUE}/replay-and-enable",
+                       {"quarantine_ids": [*poisoned.quarantine_ids, 999_999]}, "op")
+    assert response.status_code == 409
+    assert "999999" in response.json()["detail"]
+    assert queue_row(ui)["enabled"] is False
+
+
+def test_enable_and_disable_a_queue(ui: Ui, poisoned: PoisonedQueue) -> None:
+    path = f"/api/queues/{QUEUE}/status"
+    assert ui.post(path, {"enabled": True}, "op").status_code == 200
+    assert queue_row(ui)["enabled"] is True
+    assert ui.post(path, {"enabled": False}, "op").status_code == 200
+    row = queue_row(ui)
+    assert (row["enabled"], row["disabled_reason"], row["poison"]) == (False, "ADMIN", None)
+    assert len(audit_events("broker_queue_status")) >= 2
+
+
+def test_an_unknown_queue_answers_with_the_broker_error_number(ui: Ui, app: App) -> None:
+    response = ui.get("/api/queues/no_such_queue", "viewer")
+    assert response.status_code == 404
+    assert response.json()["error_number"] == 208
+    response = ui.post("/api/queues/no_such_queue/status", {"enabled": True}, "op")
+    assert response.status_code == 404
+    # ALTER QUEUE's own error for a queue it cannot find.
+    assert response.json()["error_number"] in (208, 15151)
+    assert "no_such_queue" in response.json()["detail"]

@@ -1,0 +1,177 @@
+"""The broker's pages in Airflow's UI, in a real browser (Debian's Chromium driven by
+Playwright) against the deployment's api-server, which loads the plugin from the installed
+wheel's entry point.
+
+Screenshots go to the session's folder, or to the folder AIRFLOW_BROKER_UI_SCREENSHOTS names
+(docs/ui holds the ones the documentation shows).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from airflow_broker import Broker
+from tests.fixtures.system import ROLE_USERS, USERNAME, SystemDatabases
+from tests.support.airflow_api import AirflowApi
+from tests.support.deployment import Deployment
+from tests.support.quarantine import PoisonedQueue, poisoned_queue
+
+try:
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
+except ImportError:  # the failure is the browser fixture's, with its reason
+    sync_playwright = None  # type: ignore[assignment]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+# A guard against a hang (the page polls the API every few seconds), not a performance bound.
+GUARD_MS = 120_000
+
+QUEUE = "ui_trades_q"
+TRADE = "//UI/Trade"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if sync_playwright is None:
+        pytest.fail("the UI tests need Playwright for Python: pip install -e '.[dev]' "
+                    "(constraints.txt pins it)")
+    if not CHROMIUM.exists():
+        pytest.fail(f"the UI tests need Chromium at {CHROMIUM}: apt-get install -y chromium "
+                    "(.ci/run installs it)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def screenshots(system_home: Path) -> Path:
+    folder = Path(os.environ.get("AIRFLOW_BROKER_UI_SCREENSHOTS") or system_home / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def poisoned(system_databases: SystemDatabases, airflow_deployment: Deployment,
+             ) -> PoisonedQueue:
+    """A trading queue no reader serves: two trades its reader quarantined, and a third whose
+    five rolled-back receives made poison detection disable the queue."""
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            tx.create_message_type(TRADE)
+            tx.create_contract("//UI/TradeContract", {TRADE: "INITIATOR"})
+            tx.create_queue("ui_desk_q")
+            tx.create_queue(QUEUE)
+            tx.create_service("//UI/Desk", "ui_desk_q")
+            tx.create_service("//UI/Settlement", QUEUE, ["//UI/TradeContract"])
+        return poisoned_queue(
+            broker, "//UI/Desk", "//UI/Settlement", "//UI/TradeContract", TRADE, QUEUE,
+            ["<trade id='1'/>", "<trade id='2'/>", "<trade id='3'>BAD</trade>"],
+            error="ValueError: no settlement account for trade")
+
+
+def open_page(browser: Browser, deployment: Deployment, role: str, color_scheme: str,
+              path: str = "plugin/broker") -> Page:
+    """A browser tab logged in as the deployment's user with ``role``, as Airflow's login
+    page leaves it: the token in the ``_token`` cookie."""
+    user = USERNAME if role == "admin" else ROLE_USERS[role]
+    response = httpx.post(f"{deployment.api_url}/auth/token",
+                          json={"username": user, "password": deployment.passwords[user]})
+    assert response.status_code == 201, response.text
+    context = browser.new_context(color_scheme=color_scheme,  # type: ignore[arg-type]
+                                  viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(GUARD_MS)
+    context.add_cookies([{"name": "_token", "value": response.json()["access_token"],
+                          "url": deployment.api_url}])
+    page = context.new_page()
+    page.goto(f"{deployment.api_url}/{path}")
+    return page
+
+
+def queue_row(page: Page) -> Any:
+    return page.get_by_test_id(f"queue-row-{QUEUE}")
+
+
+def test_the_plugin_is_in_airflows_menu_and_serves_its_bundle(
+        airflow_deployment: Deployment, airflow_api: AirflowApi) -> None:
+    plugins = {p["name"]: p for p in airflow_api.get("/api/v2/plugins")["plugins"]}
+    [react_app] = plugins["airflow_broker_ui"]["react_apps"]
+    assert (react_app["name"], react_app["destination"], react_app["url_route"]) == (
+        "Broker", "nav", "broker")
+    api = airflow_deployment.api_url
+    bundle = httpx.get(f"{api}/broker/static/broker-ui.umd.cjs")
+    assert bundle.status_code == 200
+    assert bundle.headers["content-type"].startswith("application/javascript")
+    assert httpx.get(f"{api}/broker/api/overview").status_code == 401
+
+
+def test_a_viewer_sees_the_poisoned_queue_but_no_actions(
+        browser: Browser, airflow_deployment: Deployment, poisoned: PoisonedQueue) -> None:
+    page = open_page(browser, airflow_deployment, "viewer", "light")
+    row = queue_row(page)
+    expect(row).to_have_attribute("data-enabled", "false")
+    expect(row.get_by_test_id("disabled-by")).to_contain_text(str(poisoned.poison_message_id))
+    expect(page.get_by_test_id("enable-queue")).to_have_count(0)
+    expect(page.get_by_test_id("disable-queue")).to_have_count(0)
+    row.get_by_test_id("quarantine-link").click()
+    expect(page.get_by_test_id("quarantine-row")).to_have_count(2)
+    expect(page.get_by_test_id("replay-and-enable")).to_have_count(0)
+    expect(page.get_by_test_id("select-message")).to_have_count(0)
+    page.context.close()
+
+
+def test_an_operator_replays_and_enables_in_one_click_and_the_queue_drains(
+        browser: Browser, airflow_deployment: Deployment, poisoned: PoisonedQueue,
+        system_databases: SystemDatabases, screenshots: Path) -> None:
+    dark = open_page(browser, airflow_deployment, "op", "dark")
+    expect(queue_row(dark)).to_have_attribute("data-enabled", "false")
+    dark.screenshot(path=screenshots / "overview-dark.png", full_page=True)
+    dark.context.close()
+
+    page = open_page(browser, airflow_deployment, "op", "light")
+    row = queue_row(page)
+    expect(row).to_have_attribute("data-enabled", "false")
+    expect(row.get_by_test_id("queue-state")).to_contain_text("POISON")
+    expect(row.get_by_test_id("disabled-by")).to_contain_text(str(poisoned.poison_message_id))
+    expect(row.get_by_test_id("queue-depth")).to_have_text("1")
+    page.screenshot(path=screenshots / "overview-light.png", full_page=True)
+
+    row.get_by_test_id("quarantine-link").click()
+    expect(page.get_by_test_id("quarantine-row")).to_have_count(2)
+    expect(page.get_by_test_id("quarantine-error").first).to_contain_text(
+        "no settlement account")
+    page.get_by_test_id("select-all").check()
+    page.screenshot(path=screenshots / "quarantine-light.png", full_page=True)
+    page.get_by_test_id("replay-and-enable").click()
+    expect(page.get_by_test_id("replay-done")).to_contain_text("2 message(s) replayed")
+    expect(page.get_by_test_id("quarantine-empty")).to_be_visible()
+
+    page.get_by_test_id("to-queue").click()
+    expect(page.get_by_test_id("message-row")).to_have_count(3)
+    expect(page.get_by_test_id("queue-summary")).to_contain_text("Enabled")
+    page.screenshot(path=screenshots / "queue-light.png", full_page=True)
+
+    # The application's reader, fixed, takes the three trades.
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker, \
+            broker.transaction() as tx:
+        trades = [m.text() for m in tx.receive(QUEUE, 10)]
+    assert trades == ["<trade id='1'/>", "<trade id='2'/>", "<trade id='3'>BAD</trade>"]
+
+    page.get_by_test_id("to-overview").click()
+    row = queue_row(page)
+    expect(row).to_have_attribute("data-enabled", "true")
+    # The overview refreshes itself: the drained queue shows without a reload.
+    expect(row.get_by_test_id("queue-depth")).to_have_text("0")
+    expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"))
+    page.context.close()
