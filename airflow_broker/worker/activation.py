@@ -26,7 +26,6 @@ whose procedure is not on the list is refused, logged and recorded in ``activati
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import logging
 import os
@@ -85,7 +84,7 @@ def load_target(target: str) -> Callable[[ActivationContext], object]:
 def activation_command(procedure: str) -> list[str]:
     """The command line that starts a reader; ValueError for one that cannot be parsed."""
     if is_python_target(procedure) or is_procedure_target(procedure):
-        return [sys.executable, "-m", "airflow_broker.worker.activation", procedure]
+        return [sys.executable, "-m", "airflow_broker.worker.activated_reader", procedure]
     command = shlex.split(procedure)
     if not command:
         raise NameMissing("the activation procedure is empty")
@@ -299,12 +298,3 @@ def run_reader(target: str) -> int:
             broker.close()
     return code
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="run one activated queue reader")
-    parser.add_argument("target", help="package.module:function, or schema.procedure")
-    return run_reader(parser.parse_args(argv).target)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,11 @@ from psycopg import sql
 from airflow_broker import Broker
 from airflow_broker.admin.doctor import diagnose
 from airflow_broker.worker import BrokerWorker
-from airflow_broker.worker.activation import TARGETS_VARIABLE, ActivationManager
+from airflow_broker.worker.activation import (
+    TARGETS_VARIABLE,
+    ActivationManager,
+    activation_command,
+)
 from tests.support import roles
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
@@ -161,6 +166,12 @@ def test_T_AC_02_one_group_backlog_starts_at_most_two_readers(
     manager.step()
     broker.advance_clock(dt.timedelta(seconds=6))
     assert manager.step() == 1  # one extra reader...
+    # A new reader is a new process: on a loaded machine it can take seconds to reach its
+    # first RECEIVE, and until then the backlog looks unattended.
+    wait_until(lambda: count(broker, "SELECT count(*) FROM broker.queue_waiters w"
+                                     " JOIN broker.queues q ON q.object_id = w.queue_id"
+                                     " WHERE q.name = 'q_t'") > 0,
+               "the extra reader waiting in RECEIVE")
     for _ in range(4):
         # ...which finds the group locked and waits in RECEIVE, so no more are needed.
         time.sleep(1.0)
@@ -616,3 +627,14 @@ def test_activation_goes_on_in_the_next_step_after_a_database_fault(
     wait_until(lambda: (manager.step() or True)
                and count(broker, "SELECT count(*) FROM public.processed") == 3,
                "the readers to process the messages", 120)
+
+
+def test_an_activated_reader_process_starts_without_a_warning() -> None:
+    """The reader's command line, as the manager runs it: Python has nothing to warn about
+    (a module run with -m that its package imports already is imported twice, and runpy says
+    so in every reader's log)."""
+    command = activation_command("tests.support.activation_readers:hold_group")
+    started = subprocess.run([*command[:1], "-W", "error", *command[1:-1], "--help"],
+                             capture_output=True, text=True, check=False)
+    assert started.returncode == 0, started.stderr
+    assert started.stderr == ""
