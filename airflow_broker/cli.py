@@ -25,6 +25,12 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.ui:
+        from airflow_broker.demos.ui_demo import run_ui_demo
+
+        return run_ui_demo(args.dsn, accounts=args.accounts or 100,
+                           trades_per_account=args.trades or 30, port=args.port,
+                           until_done=args.until_done)
     if not args.engine_only:
         from airflow_broker.demos.airflow_demo import run_demo as run_airflow_demo
 
@@ -212,6 +218,14 @@ def main(argv: list[str] | None = None) -> int:
                       help="trades per account (default 30; 25 with --engine-only)")
     demo.add_argument("--engine-only", action="store_true",
                       help="the engine alone, without Airflow and Spark (a few seconds)")
+    demo.add_argument("--ui", action="store_true",
+                      help="in an Airflow deployment (api-server, scheduler, dag-processor, "
+                           "triggerer), keeping Airflow's UI and the broker's pages up until "
+                           "Ctrl-C")
+    demo.add_argument("--port", type=int, default=None,
+                      help="with --ui: the api-server's port (default: a free one)")
+    demo.add_argument("--until-done", action="store_true",
+                      help="with --ui: stop when the demo's DAG run has finished")
     demo.set_defaults(run=_demo)
 
     server = commands.add_parser(
