@@ -2,8 +2,9 @@
 recovery benchmark: two clusters of the embedded PostgreSQL's binaries on 127.0.0.1, the
 standby made with ``pg_basebackup -R``, and a multi-host DSN that follows the primary.
 
-``fail_over()`` is what losing the primary's host looks like to a client: the postmaster is
-killed with SIGKILL (no shutdown, no farewell to clients), then the standby is promoted.
+``fail_over()`` is what losing the primary's host looks like to a client: the postmaster and
+its processes are killed with SIGKILL (no shutdown, no farewell to clients), then the standby
+is promoted.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -70,6 +70,7 @@ class StandbyPair:
         self.primary_port = _free_port("127.0.0.1")
         self.standby_port = _free_port("127.0.0.1")
         self.failed_over = False
+        self.killed_at: float | None = None  # time.monotonic() once the primary was gone
 
     # -- building ---------------------------------------------------------------------------
 
@@ -169,20 +170,33 @@ class StandbyPair:
     def primary_pid(self) -> int:
         return int((self.primary_dir / "postmaster.pid").read_text().split()[0])
 
+    def crash_primary(self) -> None:
+        """``pg_ctl stop -m immediate`` of the primary: its processes quit at once, without a
+        checkpoint; returns once they are gone. ``start_primary()`` then recovers from the
+        WAL (the two are ``pg_ctl restart -m immediate``)."""
+        self._pg_ctl(self.primary_dir, "-m", "immediate", "stop")
+
+    def start_primary(self) -> None:
+        """Starts the primary again; the standby reconnects to it."""
+        self._pg_ctl(self.primary_dir, "start")
+
     def fail_over(self) -> None:
-        """Kills the primary's postmaster (SIGKILL), then promotes the standby; returns once
-        the new primary accepts writes."""
+        """Kills the primary's postmaster and its processes (SIGKILL), then promotes the
+        standby; returns once the new primary accepts writes."""
         assert not self.failed_over, "one failover per pair"
         postmaster = psutil.Process(self.primary_pid())
-        children = postmaster.children()
-        os.kill(postmaster.pid, signal.SIGKILL)
-        # Its backends notice the postmaster's death at their next wait and exit without a
-        # word to their clients; what outlives that is killed as the host's loss would.
-        _, alive = psutil.wait_procs([postmaster, *children], timeout=5)
-        for process in alive:
+        # The postmaster and every process of the server at once, as the host's loss would:
+        # a backend outliving its postmaster answers its client until its next wait.
+        processes = [postmaster, *postmaster.children()]
+        for process in processes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-        psutil.wait_procs(alive, timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_running(process) for process in processes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the primary's processes outlived SIGKILL")
+            time.sleep(0.005)
+        self.killed_at = time.monotonic()
         self.failed_over = True
         self._pg_ctl(self.standby_dir, "promote")
         deadline = time.monotonic() + 60
@@ -202,6 +216,14 @@ class StandbyPair:
             if (data_dir / "postmaster.pid").exists():
                 with contextlib.suppress(subprocess.SubprocessError):
                     self._pg_ctl(data_dir, "-m", "immediate", "stop")
+
+
+def _running(process: psutil.Process) -> bool:
+    """A zombie has closed its sockets already; whoever reaps it is not this process."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @contextmanager
