@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import psycopg
@@ -30,6 +31,7 @@ from tests.support.helpers import count, wait_until
 from tests.support.standby_pair import StandbyPair
 
 T = TypeVar("T")
+ROOT = str(Path(__file__).resolve().parents[2])
 CONVERSATIONS = 4
 
 
@@ -206,12 +208,14 @@ def test_nothing_committed_is_lost_or_duplicated_across_a_failover(
     assert count(broker, "SELECT count(*) FROM q_t") == 0
 
 
-def test_the_worker_fires_a_timer_due_after_a_failover_exactly_once(
-        app: App, standby_pair: StandbyPair) -> None:
-    """`airflow-broker worker` (with queue activation, whose leader lock is a session of its
-    own) runs through the failover in place: a timer that falls due afterwards fires once, and
-    so does the next one, on the same worker."""
-    worker = BrokerWorker(app.broker, interval=0.1, transport=False)
+def test_the_worker_fires_timers_and_activates_after_a_failover_in_place(
+        app: App, standby_pair: StandbyPair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`airflow-broker worker` runs through the failover in place: a timer that falls due
+    afterwards fires once, and so does the next one; queue activation, whose leader lock is a
+    session on the old primary, takes it on the new one and starts a reader (spec 20)."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)  # the activated reader imports tests.support
+    worker = BrokerWorker(app.broker, interval=0.1, transport=False,
+                          activation_targets=["tests.support.activation_readers:*"])
     thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
     thread.start()
 
@@ -223,10 +227,6 @@ def test_the_worker_fires_a_timer_due_after_a_failover_exactly_once(
         first, second = app.dialog(), app.dialog()
         with app.broker.transaction() as tx:
             tx.begin_conversation_timer(first, 3600)
-        wait_until(lambda: count(app.broker, "SELECT count(*) FROM pg_stat_activity"
-                                             " WHERE application_name = 'airflow-broker'"
-                                             " AND backend_type = 'client backend'") > 0,
-                   "the worker to connect", 60)
         standby_pair.fail_over()
         retried("test", lambda: app.broker.advance_clock(dt.timedelta(hours=2)))
         wait_until(lambda: fired() == 1, "the worker to fire the timer", 120)
@@ -236,6 +236,14 @@ def test_the_worker_fires_a_timer_due_after_a_failover_exactly_once(
         # Once the second has fired, the worker has passed over the first again.
         wait_until(lambda: fired() >= 2, "the worker to fire the second timer", 120)
         assert fired() == 2
+        with app.broker.transaction() as tx:
+            tx.alter_queue("q_t", activation_status=True,
+                           activation_procedure="tests.support.activation_readers:stub",
+                           max_queue_readers=1)
+        send(app.broker, "activates a reader")
+        wait_until(lambda: count(app.broker, "SELECT count(*) FROM broker.activation_log"
+                                             " WHERE outcome = 'ended'") == 1,
+                   "the worker to start a reader", 120)
         assert thread.is_alive()
     finally:
         worker.stop()
