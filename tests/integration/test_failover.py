@@ -161,7 +161,7 @@ def rows(broker: Broker, query: str) -> list[tuple[int, int]]:
         return [(int(a), int(b)) for a, b in conn.execute(query).fetchall()]
 
 
-def test_nothing_committed_is_lost_or_duplicated_across_a_failover(
+def test_T_RC_01_nothing_committed_is_lost_or_duplicated_across_a_failover(
         app: App, standby_pair: StandbyPair) -> None:
     """Exactly-once, in-order delivery (spec: a conversation's messages are received once, in
     the order sent) holds across the primary's loss: every SEND the server acknowledged is on
@@ -208,7 +208,7 @@ def test_nothing_committed_is_lost_or_duplicated_across_a_failover(
     assert count(broker, "SELECT count(*) FROM q_t") == 0
 
 
-def test_the_worker_fires_timers_and_activates_after_a_failover_in_place(
+def test_T_TM_01_the_worker_fires_timers_and_activates_after_a_failover_in_place(
         app: App, standby_pair: StandbyPair, monkeypatch: pytest.MonkeyPatch) -> None:
     """`airflow-broker worker` runs through the failover in place: a timer that falls due
     afterwards fires once, and so does the next one; queue activation, whose leader lock is a
@@ -255,7 +255,7 @@ def waiting_sessions(broker: Broker) -> int:
                          " WHERE w.backend_pid IN (SELECT pid FROM pg_stat_activity)")
 
 
-def test_a_waitfor_blocked_across_a_failover_wakes_for_a_later_send(
+def test_T_RC_06_a_waitfor_blocked_across_a_failover_wakes_for_a_later_send(
         app: App, standby_pair: StandbyPair) -> None:
     """A WAITFOR (RECEIVE) blocked when the primary dies loses its transaction with it; the
     application's retry (as with any lost transaction) waits again on the new primary, and the
