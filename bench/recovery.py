@@ -8,7 +8,8 @@ and every client on the multi-host DSN that docs/airflow.md recommends:
   (``stop -m immediate``, ``start``; recovery from the WAL);
 * **terminate**: ``pg_terminate_backend`` of every other session of the broker's database;
 * **failover**: the primary's postmaster killed with SIGKILL, the standby promoted (a new pair
-  for each repetition).
+  for each repetition); with ``--promote-after SECONDS`` the promotion waits that long, as a
+  failover manager's decision does (``failover+10s``).
 
 Components, all running through the fault, each on a Broker of its own:
 
@@ -200,7 +201,7 @@ def _until(condition: Callable[[], bool], what: str, limit: float = 120.0) -> fl
         time.sleep(0.01)
 
 
-def measure(pair: StandbyPair, fault: str) -> dict[str, float]:
+def measure(pair: StandbyPair, fault: str, promote_after: float = 0.0) -> dict[str, float]:
     dsn = pair.dsn
     with Broker(dsn) as broker:
         handle = _dialog(broker, "T")
@@ -225,7 +226,7 @@ def measure(pair: StandbyPair, fault: str) -> dict[str, float]:
             terminate_sessions(primary_only(pair))
             started = time.monotonic()
         else:
-            pair.fail_over()
+            pair.fail_over(promote_after)
             assert pair.killed_at is not None
             started = pair.killed_at
         back = _until(lambda: _insert(dsn), "a plain INSERT")
@@ -254,14 +255,15 @@ def deployed_pair() -> Iterator[StandbyPair]:
         yield pair
 
 
-def run(repetitions: int, faults: tuple[str, ...]) -> dict[str, dict[str, list[float]]]:
+def run(repetitions: int, faults: tuple[str, ...],
+        promote_after: float = 0.0) -> dict[str, dict[str, list[float]]]:
     results: dict[str, dict[str, list[float]]] = {}
     for fault in faults:
         samples: dict[str, list[float]] = {c: [] for c in COMPONENTS}
         if fault == "failover":
             for _ in range(repetitions):
                 with deployed_pair() as pair:
-                    for name, value in measure(pair, fault).items():
+                    for name, value in measure(pair, fault, promote_after).items():
                         samples[name].append(value)
                 print(f"  {fault}: {len(samples['plain INSERT'])} done", flush=True)
         else:
@@ -270,7 +272,8 @@ def run(repetitions: int, faults: tuple[str, ...]) -> dict[str, dict[str, list[f
                     for name, value in measure(pair, fault).items():
                         samples[name].append(value)
                     print(f"  {fault}: {len(samples['plain INSERT'])} done", flush=True)
-        results[fault] = samples
+        results[f"failover+{promote_after:g}s" if fault == "failover" and promote_after
+                else fault] = samples
     return results
 
 
@@ -293,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--only", help=f"comma-separated faults among {','.join(FAULTS)}")
+    parser.add_argument("--promote-after", type=float, default=0.0,
+                        help="seconds between the primary's death and the promotion")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--verbose", action="store_true",
                         help="show the reconnect log lines of every component")
@@ -303,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     # One warning per outage per connection, and psycopg's pool's per attempt, would bury the
     # table.
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR)
-    results = run(args.repetitions, faults)
+    results = run(args.repetitions, faults, args.promote_after)
     print(table(results))
     print(f"\nmedian (range) over {args.repetitions} repetition"
           f"{'s' if args.repetitions != 1 else ''}, from the moment the fault took effect")

@@ -180,9 +180,10 @@ class StandbyPair:
         """Starts the primary again; the standby reconnects to it."""
         self._pg_ctl(self.primary_dir, "start")
 
-    def fail_over(self) -> None:
+    def fail_over(self, promote_after: float = 0.0) -> None:
         """Kills the primary's postmaster and its processes (SIGKILL), then promotes the
-        standby; returns once the new primary accepts writes."""
+        standby (``promote_after`` seconds later: the time a failover manager takes to decide);
+        returns once the new primary accepts writes."""
         assert not self.failed_over, "one failover per pair"
         postmaster = psutil.Process(self.primary_pid())
         # The postmaster and every process of the server at once, as the host's loss would:
@@ -198,6 +199,7 @@ class StandbyPair:
             time.sleep(0.005)
         self.killed_at = time.monotonic()
         self.failed_over = True
+        time.sleep(promote_after)
         self._pg_ctl(self.standby_dir, "promote")
         deadline = time.monotonic() + 60
         target = self.admin_dsn(self.standby_port, DATABASE)
