@@ -17,12 +17,15 @@ import logging
 import select
 import threading
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, overload
 
 import psycopg
 from psycopg import pq
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # SQLSTATEs of a session the server ended: admin_shutdown (pg_terminate_backend, a fast
 # shutdown), crash_shutdown, cannot_connect_now (starting up, in recovery); class 08 is
@@ -157,3 +160,33 @@ class Outage:
     async def await_retry(self, exc: BaseException) -> None:
         """:meth:`failed`, then sleeps for the delay without blocking the event loop."""
         await asyncio.sleep(self.failed(exc))
+
+
+@overload
+def retry_while_disconnected(attempt: Callable[[], T], outage: Outage | str,
+                             stop: None = None) -> T: ...
+@overload
+def retry_while_disconnected(attempt: Callable[[], T], outage: Outage | str,
+                             stop: threading.Event) -> T | None: ...
+def retry_while_disconnected(attempt: Callable[[], T], outage: Outage | str,
+                             stop: threading.Event | None = None) -> T | None:
+    """Runs ``attempt`` (a whole transaction: ``with broker.transaction() as tx: ...``) again
+    after each lost connection, waiting as ``outage`` (or an Outage named so) says, until it
+    goes through: the application-level retry of a restart or a failover. Errors other than a
+    lost connection are raised. None only when ``stop`` is set first.
+
+    Retry only what may run twice: a transaction whose COMMIT was lost may have committed
+    (docs/airflow.md, "Database faults", says how to tell).
+    """
+    policy = Outage(outage) if isinstance(outage, str) else outage
+    while stop is None or not stop.is_set():
+        try:
+            result = attempt()
+        except psycopg.OperationalError as exc:
+            if not connection_lost(exc):
+                raise
+            policy.wait(exc, stop)
+            continue
+        policy.recovered()
+        return result
+    return None

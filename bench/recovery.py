@@ -47,36 +47,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import psycopg
 
 from airflow_broker import Broker
-from airflow_broker.reconnect import Outage, connection_lost
+from airflow_broker.reconnect import Outage, retry_while_disconnected
 from airflow_broker.worker import BrokerWorker
 from tests.support.helpers import terminate_sessions
 from tests.support.standby_pair import DATABASE, StandbyPair, standby_pair
 
-T = TypeVar("T")
 FAULTS = ("crash-restart", "terminate", "failover")
 COMPONENTS = ("plain INSERT", "RECEIVE loop", "WAITFOR", "worker timer")
 DEFAULT_JSON = Path(__file__).parent / "results" / "recovery.json"
 BACKLOG = 3000  # the RECEIVE loop's messages: a minute's worth
 TIMER = 5  # message_type_id of DEFAULT's timer message
-
-
-def retried(attempt: Callable[[], T], stop: threading.Event, outage: Outage) -> T | None:
-    while not stop.is_set():
-        try:
-            result = attempt()
-        except psycopg.OperationalError as exc:
-            if not connection_lost(exc):
-                raise
-            outage.wait(exc, stop)
-            continue
-        outage.recovered()
-        return result
-    return None
 
 
 def deploy(dsn: str) -> None:
@@ -129,7 +113,7 @@ class Clients:
             return begun, time.monotonic()
 
         while not self.stop.is_set():
-            done = retried(attempt, self.stop, outage)
+            done = retry_while_disconnected(attempt, outage, self.stop)
             if done is not None:
                 self.commits.append(done)
             self.stop.wait(0.02)
@@ -143,14 +127,14 @@ class Clients:
                 return [m.text() or "" for m in tx.receive("q_t", waitfor=True, timeout=1)]
 
         while not self.stop.is_set():
-            bodies = retried(attempt, self.stop, outage) or []
+            bodies = retry_while_disconnected(attempt, outage, self.stop) or []
             now = time.monotonic()
             self.woken.extend((float(body), now) for body in bodies)
 
     def _send_loop(self) -> None:
         broker = self._broker()
         outage = self._outage("sender")
-        handle = retried(lambda: _dialog(broker, "T"), self.stop, outage)
+        handle = retry_while_disconnected(lambda: _dialog(broker, "T"), outage, self.stop)
         if handle is None:
             return
 
@@ -159,7 +143,7 @@ class Clients:
                 tx.send(handle, "Req", repr(time.monotonic()))
 
         while not self.stop.is_set():
-            retried(attempt, self.stop, outage)
+            retry_while_disconnected(attempt, outage, self.stop)
             self.stop.wait(0.05)
 
     def close(self) -> None:

@@ -16,21 +16,19 @@ import datetime as dt
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import psycopg
 import pytest
 
 from airflow_broker import Broker, Message
-from airflow_broker.reconnect import Outage, connection_lost
+from airflow_broker.reconnect import connection_lost, retry_while_disconnected
 from airflow_broker.worker import BrokerWorker
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
 from tests.support.standby_pair import StandbyPair
 
-T = TypeVar("T")
 ROOT = str(Path(__file__).resolve().parents[2])
 CONVERSATIONS = 4
 
@@ -54,22 +52,6 @@ def app(standby_pair: StandbyPair) -> Iterator[App]:
         yield deploy(broker)
     finally:
         broker.close()
-
-
-def retried(what: str, attempt: Callable[[], T], stop: threading.Event | None = None) -> T:
-    """``attempt`` again while the connection is lost (the pool raises too while no server
-    accepts writes): the application-level retry around a whole transaction."""
-    outage = Outage(what)
-    while True:
-        try:
-            result = attempt()
-        except psycopg.OperationalError as exc:
-            if not connection_lost(exc):
-                raise
-            outage.wait(exc, stop)
-            continue
-        outage.recovered()
-        return result
 
 
 class Producer:
@@ -105,7 +87,7 @@ class Producer:
                     raise
             # The COMMIT may have gone through before the connection went: sending again
             # without looking would send the message twice.
-            if retried("producer", lambda: self._recorded(conversation, sequence)):
+            if retry_while_disconnected(lambda: self._recorded(conversation, sequence), "producer"):
                 return
 
     def run(self) -> None:
@@ -143,7 +125,7 @@ class Reader:
 
     def run(self) -> None:
         try:
-            while retried("reader", self._receive) or not self.stop.is_set():
+            while retry_while_disconnected(self._receive, "reader") or not self.stop.is_set():
                 pass
         except BaseException as exc:
             self.failure.append(exc)
@@ -228,7 +210,7 @@ def test_T_TM_01_the_worker_fires_timers_and_activates_after_a_failover_in_place
         with app.broker.transaction() as tx:
             tx.begin_conversation_timer(first, 3600)
         standby_pair.fail_over()
-        retried("test", lambda: app.broker.advance_clock(dt.timedelta(hours=2)))
+        retry_while_disconnected(lambda: app.broker.advance_clock(dt.timedelta(hours=2)), "test")
         wait_until(lambda: fired() == 1, "the worker to fire the timer", 120)
         with app.broker.transaction() as tx:
             tx.begin_conversation_timer(second, 3600)
@@ -273,7 +255,7 @@ def test_T_RC_06_a_waitfor_blocked_across_a_failover_wakes_for_a_later_send(
 
     def wait() -> None:
         try:
-            received.extend(retried("waiter", receive))
+            received.extend(retry_while_disconnected(receive, "waiter"))
         except BaseException as exc:
             failure.append(exc)
 
@@ -292,7 +274,7 @@ def test_T_RC_06_a_waitfor_blocked_across_a_failover_wakes_for_a_later_send(
         assert not waiter.is_alive(), "the NOTIFY did not wake the WAITFOR"
     finally:
         if waiter.is_alive():
-            retried("test", lambda: send(app.broker, "releases the waiter"))
+            retry_while_disconnected(lambda: send(app.broker, "releases the waiter"), "test")
             waiter.join(timeout=120)
         broker.close()
     assert not failure, failure

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import psycopg
 import pytest
 
-from airflow_broker.reconnect import Outage, connection_lost
+from airflow_broker.reconnect import Outage, connection_lost, retry_while_disconnected
 
 
 def lost() -> psycopg.OperationalError:
@@ -51,3 +52,33 @@ def test_a_multi_line_error_is_logged_on_one_line(caplog: pytest.LogCaptureFixtu
     assert [r.getMessage() for r in caplog.records] == [
         "the stream lost its connection to PostgreSQL (server closed the connection "
         "unexpectedly); reconnecting"]
+
+
+def test_a_transaction_is_retried_after_a_lost_connection_and_nothing_else() -> None:
+    tries: list[int] = []
+
+    def attempt() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise lost()
+        return "committed"
+
+    quick = Outage("the producer", initial=0.001, maximum=0.001)
+    assert retry_while_disconnected(attempt, quick) == "committed"
+    assert len(tries) == 3 and not quick.ongoing
+
+    def deadlocked() -> None:
+        raise psycopg.errors.DeadlockDetected("deadlock detected")
+
+    with pytest.raises(psycopg.errors.DeadlockDetected):
+        retry_while_disconnected(deadlocked, quick)
+
+
+def test_a_retry_ends_with_none_once_stopped() -> None:
+    stop = threading.Event()
+
+    def attempt() -> None:
+        stop.set()  # e.g. the service shuts down while the server is away
+        raise lost()
+
+    assert retry_while_disconnected(attempt, Outage("x", initial=0.001), stop) is None
