@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from airflow_broker.broker import Broker
-from airflow_broker.errors import BrokerError, NotFound
+from airflow_broker.errors import BrokerError, NotFound, PermissionDenied
 from airflow_broker.ui import access, console
 
 DIST = Path(__file__).parent / "www" / "dist"
@@ -68,7 +68,10 @@ BrokerDep = Annotated[Broker, Depends(broker)]
 
 @app.exception_handler(BrokerError)
 async def broker_error(request: Request, error: BrokerError) -> JSONResponse:
-    code = 404 if isinstance(error, NotFound) else 409
+    # The broker's refusals of the pages' login: 403 for a permission it lacks on an object it
+    # may see (229), 404 for one it may not see or alter (208, 15151).
+    code = 404 if isinstance(error, NotFound) else 403 if isinstance(
+        error, PermissionDenied) else 409
     return JSONResponse(console.error_body(error), status_code=code)
 
 
@@ -141,3 +144,13 @@ def post_replay_and_enable(queue_name: str, body: ReplayBody,
     replayed = console.replay_and_enable(engine, queue_name, body.quarantine_ids)
     return {"queue_name": queue_name, "replayed": replayed, "enabled": True}
 
+
+
+@app.post("/api/queues/{queue_name}/replay",
+          dependencies=[Depends(access.requires("POST", access.QUARANTINE)),
+                        Depends(action_logging(event="broker_replay"))])
+def post_replay(queue_name: str, body: ReplayBody, engine: BrokerDep) -> dict[str, Any]:
+    """Replays without enabling: what a login with RECEIVE and without ALTER on the queue may
+    do (the queue's readers take the messages once someone enables it)."""
+    replayed = console.replay(engine, queue_name, body.quarantine_ids, enable=False)
+    return {"queue_name": queue_name, "replayed": replayed, "enabled": None}

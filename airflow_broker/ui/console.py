@@ -1,8 +1,10 @@
 """What the broker's pages in Airflow's UI read and change, as JSON-ready dicts.
 
-Reads go through the broker's views and functions (sql/queries/ui.sql, queue_state,
-quarantined_messages); changes through its functions (ALTER QUEUE, replay_quarantined), each
-in one broker transaction.
+Everything goes through broker functions every login may call, which apply the broker's
+permission checks to the pages' login (sql/functions/67_console.sql, queue_state,
+alter_queue): the login sees the queues it may see, reads messages and the quarantine of the
+queues it may RECEIVE from, replays there, and enables the queues it may ALTER. Each call is
+one broker transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
 from airflow_broker.errors import BrokerError, InvalidObjectName
 from airflow_broker.messages import decode_body
-from airflow_broker.poison.quarantine import list_quarantined
 
 # The queue page shows the head of each queue, not all of a backlog of millions.
 MESSAGE_LIMIT = 500
@@ -49,7 +50,8 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     queues = []
     for (name, schema, enabled, reason, disabled_at, activation, max_readers, ready, oldest,
-         readers, poison_reason, poison_at, poison_messages, quarantined) in rows:
+         readers, poison_reason, poison_at, poison_messages, quarantined, may_receive,
+         may_alter) in rows:
         by_poison = not enabled and reason == "POISON"
         queues.append({
             "name": name,
@@ -70,6 +72,9 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
             else max(0.0, (now - oldest).total_seconds()),
             "readers_running": int(readers or 0),
             "quarantined": int(quarantined or 0),
+            # What the login may do here, as the broker will judge it.
+            "may_receive": bool(may_receive),
+            "may_alter": bool(may_alter),
         })
     return queues
 
@@ -78,7 +83,7 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
     """The queue's waiting messages by conversation group; bodies only when ``bodies``."""
     with broker.transaction() as tx:
         runner = runner_of(tx)
-        state = runner.run(runner.queries["queue_status"], [queue_name])
+        state = runner.run(runner.queries["ui_queue_state"], [queue_name])
         if not state:
             raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
         rows = runner.run(runner.queries["ui_queue_messages"], [queue_name, MESSAGE_LIMIT + 1])
@@ -115,19 +120,23 @@ def quarantine(broker: Broker, queue_name: str, *, bodies: bool,
                error_contains: str | None = None) -> list[dict[str, Any]]:
     """The queue's quarantined and parked (``retrying``) messages, oldest first."""
     needle = (error_contains or "").casefold()
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["ui_quarantine"], [queue_name])
     return [{
-        "quarantine_id": m.quarantine_id,
-        "status": m.status,
-        "quarantined_at": _iso(m.quarantined_at),
-        "attempts": m.attempts,
-        "conversation_handle": str(m.conversation_handle),
-        "message_type_name": m.message_type_name,
-        "message_sequence_number": m.message_sequence_number,
-        "message_id": str(m.message_id),
-        "error": m.error,
-        "body": body_text(m.message_body) if bodies else None,
+        "quarantine_id": quarantine_id,
+        "status": status,
+        "quarantined_at": _iso(quarantined_at),
+        "attempts": attempts,
+        "conversation_handle": str(handle),
+        "message_type_name": type_name,
+        "message_sequence_number": sequence,
+        "message_id": str(message_id),
+        "error": error,
+        "body": body_text(body) if bodies else None,
         "body_masked": not bodies,
-    } for m in list_quarantined(broker, queue_name) if needle in m.error.casefold()]
+    } for (quarantine_id, status, quarantined_at, attempts, handle, type_name, sequence,
+           message_id, body, error) in rows if needle in error.casefold()]
 
 
 def set_queue_status(broker: Broker, queue_name: str, enabled: bool) -> None:
@@ -136,25 +145,29 @@ def set_queue_status(broker: Broker, queue_name: str, enabled: bool) -> None:
         tx.alter_queue(queue_name, status=enabled)
 
 
-def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
-    """Puts the messages back on their conversations, in sequence order, and enables the queue:
-    both or neither, so readers never meet a queue enabled without its replayed messages, nor
-    replayed messages on a queue still disabled."""
+def replay(broker: Broker, queue_name: str, quarantine_ids: Sequence[int], *,
+           enable: bool) -> int:
+    """Puts the messages back on their conversations, in sequence order (RECEIVE on the
+    queue), and with ``enable`` enables the queue (ALTER on it): all in one transaction, so
+    readers never meet a queue enabled without its replayed messages, nor replayed messages
+    on a queue still disabled, and a refusal of either changes nothing."""
     with broker.transaction() as tx:
         runner = runner_of(tx)
-        waiting = {row[0] for row in runner.run(
-            runner.queries["quarantined_messages"], [queue_name, queue_name, False])
-            if row[1] == queue_name}
+        waiting = {row[0] for row in runner.run(runner.queries["ui_quarantine"], [queue_name])}
         missing = sorted(set(quarantine_ids) - waiting)
         if missing:
             raise NotQuarantined(
                 f"not waiting in the quarantine of queue {queue_name}: "
                 + ", ".join(map(str, missing)))
-        call = runner.function("replay_quarantined", 1)
-        for quarantine_id in sorted(set(quarantine_ids)):
-            runner.run(call, [quarantine_id])
-        tx.alter_queue(queue_name, status=True)
-    return len(set(quarantine_ids))
+        ((replayed,),) = runner.run(runner.queries["ui_replay"],
+                                    [queue_name, sorted(set(quarantine_ids))])
+        if enable:
+            tx.alter_queue(queue_name, status=True)
+    return int(replayed)
+
+
+def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
+    return replay(broker, queue_name, quarantine_ids, enable=True)
 
 
 def error_body(error: BrokerError) -> dict[str, Any]:
