@@ -57,6 +57,7 @@ def permissions(user: BaseUser) -> dict[str, bool]:
         "view_bodies": allowed(user, "GET", BODIES),
         "enable_disable_queue": allowed(user, "POST", QUEUES),
         "replay_quarantine": allowed(user, "POST", QUARANTINE) and allowed(user, "POST", QUEUES),
+        "replay_only": allowed(user, "POST", QUARANTINE),
     }
 
 

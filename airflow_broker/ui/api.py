@@ -111,9 +111,10 @@ def get_quarantine(queue_name: str, engine: BrokerDep,
                    user: Annotated[BaseUser, Depends(access.requires("GET", access.QUARANTINE))],
                    error: Annotated[str | None, Query(max_length=200)] = None) -> dict[str, Any]:
     perms = access.permissions(user)
-    return {"queue_name": queue_name, "permissions": perms,
-            "messages": console.quarantine(engine, queue_name, bodies=perms["view_bodies"],
-                                           error_contains=error)}
+    messages = console.quarantine(engine, queue_name, bodies=perms["view_bodies"],
+                                  error_contains=error)
+    rights = console.queue_rights(engine, queue_name)
+    return {"queue_name": queue_name, "permissions": perms, "messages": messages, **rights}
 
 
 # -- writes ----------------------------------------------------------------------------------

@@ -79,6 +79,15 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
     return queues
 
 
+def queue_rights(broker: Broker, queue_name: str) -> dict[str, bool]:
+    """Whether the login may RECEIVE from and ALTER a queue it may see, as the broker judges
+    it: the pages offer no action the broker would refuse."""
+    for queue in overview(broker):
+        if queue_name in (queue["name"], f"{queue['schema']}.{queue['name']}"):
+            return {"may_receive": queue["may_receive"], "may_alter": queue["may_alter"]}
+    return {"may_receive": False, "may_alter": False}
+
+
 def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str, Any]:
     """The queue's waiting messages by conversation group; bodies only when ``bodies``."""
     with broker.transaction() as tx:

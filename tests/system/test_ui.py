@@ -19,6 +19,7 @@ import pytest
 
 from airflow_broker import Broker
 from tests.fixtures.system import ROLE_USERS, USERNAME, SystemDatabases
+from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
@@ -75,6 +76,10 @@ def poisoned(system_databases: SystemDatabases, airflow_deployment: Deployment,
             tx.create_queue(QUEUE)
             tx.create_service("//UI/Desk", "ui_desk_q")
             tx.create_service("//UI/Settlement", QUEUE, ["//UI/TradeContract"])
+        # The operator recipe of docs/security.md for this queue: its readers' RECEIVE (the
+        # queue's messages, its quarantine, replay) and ALTER (enable, disable).
+        system_databases.grant_ui(roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}"),
+                                  roles.broker_grant("ALTER", f"QUEUE::{QUEUE}"))
         return poisoned_queue(
             broker, "//UI/Desk", "//UI/Settlement", "//UI/TradeContract", TRADE, QUEUE,
             ["<trade id='1'/>", "<trade id='2'/>", "<trade id='3'>BAD</trade>"],

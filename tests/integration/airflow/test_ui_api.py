@@ -15,6 +15,8 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from fastapi.testclient import TestClient
 
 from airflow_broker import Broker
+from tests.fixtures.airflow import connection_json
+from tests.support import roles
 from tests.support.brokers import App
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
 
@@ -136,7 +138,7 @@ def test_overview_shows_the_poisoned_queue_and_what_disabled_it(
 def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -> None:
     viewer = ui.get(f"/api/queues/{QUEUE}", "viewer").json()
     assert viewer["permissions"] == {"view_bodies": True, "enable_disable_queue": False,
-                                     "replay_quarantine": False}
+                                     "replay_quarantine": False, "replay_only": False}
     # SimpleAuthManager lets every logged-in user read custom views, bodies included.
     [group] = viewer["groups"]
     assert [m["body"] for m in group["messages"]] == ["poison"]
@@ -144,7 +146,8 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     assert [m["quarantine_id"] for m in quarantine["messages"]] == poisoned.quarantine_ids
     assert {m["error"] for m in quarantine["messages"]} == {"ValueError: bad trade"}
     op = ui.get("/api/overview", "op").json()["permissions"]
-    assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True}
+    assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True,
+                  "replay_only": True}
 
 
 def test_bodies_are_masked_for_users_the_auth_manager_refuses_them(
@@ -255,3 +258,55 @@ def test_an_unknown_queue_answers_with_the_broker_error_number(ui: Ui, app: App)
     # ALTER QUEUE's own error for a queue it cannot find.
     assert response.json()["error_number"] in (208, 15151)
     assert "no_such_queue" in response.json()["detail"]
+
+
+@pytest.fixture
+def reader_ui(poisoned: PoisonedQueue, broker_conn: str,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The pages on a login of their own holding docs/security.md's read-only UI grants and
+    RECEIVE on the poisoned queue, not ALTER."""
+    from airflow_broker.ui import api
+
+    with roles.role(broker_conn, *roles.APPLICATION_GRANTS,
+                    roles.broker_grant("VIEW DEFINITION", "DATABASE"),
+                    roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}"),
+                    prefix="ui", login=True) as name:
+        monkeypatch.setenv("AIRFLOW_CONN_BROKER_UI",
+                           connection_json(roles.login_dsn(broker_conn, name)))
+        monkeypatch.setenv("AIRFLOW__BROKER__UI_CONN_ID", "broker_ui")
+        try:
+            yield
+        finally:
+            api.close_brokers()
+
+
+def test_the_logins_refusals_come_back_with_their_numbers(
+        reader_ui: None, ui: Ui, poisoned: PoisonedQueue) -> None:
+    """The auth manager lets an admin through; the UI's login may read and replay but not
+    enable the queue: 404 with the broker's 15151, and nothing changes."""
+    row = queue_row(ui, "admin")
+    assert (row["may_receive"], row["may_alter"]) == (True, False)
+    quarantine = ui.get(f"/api/queues/{QUEUE}/quarantine", "admin").json()
+    assert (quarantine["may_receive"], quarantine["may_alter"]) == (True, False)
+    for path, body in ((f"/api/queues/{QUEUE}/status", {"enabled": True}),
+                       (f"/api/queues/{QUEUE}/replay-and-enable",
+                        {"quarantine_ids": poisoned.quarantine_ids})):
+        response = ui.post(path, body, "admin")
+        assert response.status_code == 404, response.text
+        assert response.json()["error_number"] == 15151
+    row = queue_row(ui, "admin")
+    assert (row["enabled"], row["quarantined"]) == (False, 2)
+    response = ui.post(f"/api/queues/{QUEUE}/replay",
+                       {"quarantine_ids": poisoned.quarantine_ids}, "op")
+    assert response.status_code == 200, response.text
+    row = queue_row(ui, "admin")
+    assert (row["enabled"], row["quarantined"], row["depth"]) == (False, 0, 3)
+
+
+def test_a_queue_the_login_sees_but_may_not_read_is_403_with_229(
+        reader_ui: None, ui: Ui, app: App) -> None:
+    """q_i is visible to the login (VIEW DEFINITION on the database) without RECEIVE."""
+    for path in ("/api/queues/q_i", "/api/queues/q_i/quarantine"):
+        response = ui.get(path, "admin")
+        assert response.status_code == 403, response.text
+        assert response.json()["error_number"] == 229
