@@ -381,10 +381,24 @@ CHECKS: dict[str, Check] = {
 }
 
 
+def _not_checked(check: str, schema: str) -> Finding:
+    return Finding(
+        INFO, check, schema,
+        "not checked: this login may not read what the check reads (the schema owner's "
+        "catalog and tables)",
+        "run airflow-broker doctor as the broker worker (a member of the schema's owner)")
+
+
 def diagnose(broker: Broker) -> Report:
+    """Every check, as far as the broker's login may run them: a check that needs the schema
+    owner's rights the login lacks is reported as not checked, and the others still run."""
     report = Report(broker.schema)
-    pending = migrations.pending(broker.dsn, broker.schema)
     report.checks_run.append("schema")
+    try:
+        pending = migrations.pending(broker.dsn, broker.schema)
+    except psycopg.errors.InsufficientPrivilege:
+        report.findings.append(_not_checked("schema", broker.schema))
+        pending = []
     if pending:
         installed = not set(pending) >= {f.name for f in migrations.migrations()}
         report.findings.append(Finding(
@@ -397,6 +411,10 @@ def diagnose(broker: Broker) -> Report:
     with broker.pool.connection() as conn:
         for name, check in CHECKS.items():
             report.checks_run.append(name)
-            report.findings.extend(check(conn, broker.schema))
+            try:
+                report.findings.extend(check(conn, broker.schema))
+            except psycopg.errors.InsufficientPrivilege:
+                conn.rollback()
+                report.findings.append(_not_checked(name, broker.schema))
         conn.rollback()
     return report

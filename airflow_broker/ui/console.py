@@ -10,21 +10,33 @@ one broker transaction.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
-from airflow_broker.errors import BrokerError, InvalidObjectName
+from airflow_broker.errors import BrokerError, ConversationNotFound, InvalidObjectName
 from airflow_broker.messages import decode_body
 
-# The queue page shows the head of each queue, not all of a backlog of millions.
+# The queue page shows the head of each queue, not all of a backlog of millions; the
+# conversations page the newest endpoints, not all of millions of leaks.
 MESSAGE_LIMIT = 500
+CONVERSATION_LIMIT = 500
+STATES = ("SO", "SI", "CO", "DI", "DO", "ER", "CD")
 BODY_PREVIEW = 2000
 
 
 class NotQuarantined(LookupError):
     """A replay named a message that is not waiting in this queue's quarantine."""
+
+
+class NotLeaked(LookupError):
+    """END CONVERSATION WITH CLEANUP was asked of an endpoint that is not a leak."""
+
+
+class NotConfirmed(ValueError):
+    """A cleanup without the typed confirmation: the handle itself."""
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -177,6 +189,73 @@ def replay(broker: Broker, queue_name: str, quarantine_ids: Sequence[int], *,
 
 def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
     return replay(broker, queue_name, quarantine_ids, enable=True)
+
+
+def health(broker: Broker) -> dict[str, Any]:
+    """``airflow-broker doctor``'s report (its findings redacted as the CLI's are), worst
+    first."""
+    from airflow_broker.admin.doctor import ERROR, WARNING, diagnose
+
+    report = diagnose(broker)
+    findings = sorted(report.findings, key=lambda f: (f.severity != ERROR,
+                                                      f.severity != WARNING))
+    return {
+        "schema": report.schema,
+        "healthy": report.healthy,
+        "checks": report.checks_run,
+        "checked_at": dt.datetime.now(dt.UTC).isoformat(),
+        "findings": [{"severity": f.severity, "check": f.check, "subject": f.subject,
+                      "problem": f.problem, "fix": f.fix} for f in findings],
+    }
+
+
+def conversations(broker: Broker, *, state: str | None = None,
+                  leaked_only: bool = False) -> dict[str, Any]:
+    """The conversations the login may see (RECEIVE on their service's queue), newest first,
+    leaks flagged, with counts per state."""
+    if state is not None and state not in STATES:
+        raise ValueError(f"no conversation state {state!r}: one of {', '.join(STATES)}")
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["ui_conversations"],
+                          [state, leaked_only, CONVERSATION_LIMIT + 1])
+        counts = runner.run(runner.queries["ui_conversation_counts"])
+    return {
+        "conversations": [{
+            "conversation_handle": str(handle),
+            "conversation_id": str(conversation_id),
+            "is_initiator": bool(initiator),
+            "service_name": service,
+            "far_service": far_service,
+            "state": state_code,
+            "state_desc": state_desc,
+            "lifetime": _iso(lifetime),
+            "created_at": _iso(created_at),
+            "is_leaked": bool(leaked),
+        } for (handle, conversation_id, initiator, service, far_service, state_code,
+               state_desc, lifetime, created_at, leaked) in rows[:CONVERSATION_LIMIT]],
+        "truncated": len(rows) > CONVERSATION_LIMIT,
+        "counts": [{"state": s, "endpoints": int(n), "leaked": int(leaked)}
+                   for s, n, leaked in counts],
+    }
+
+
+def cleanup_leak(broker: Broker, handle: uuid.UUID, confirm: str | None) -> None:
+    """END CONVERSATION WITH CLEANUP of one leaked endpoint, once the user typed its handle:
+    the peer is never told, so it is for leaks alone. The broker allows it to the schema's
+    owner only (229 otherwise)."""
+    if (confirm or "").strip().lower() != str(handle):
+        raise NotConfirmed(f"type the conversation handle {handle} to confirm the cleanup")
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        found = runner.run(runner.queries["ui_conversation"], [handle])
+        if not found:
+            raise ConversationNotFound(
+                f"The conversation handle \"{handle}\" is not found.")
+        if not found[0][1]:
+            raise NotLeaked(f"conversation {handle} is not a leaked endpoint: END CONVERSATION "
+                            "WITH CLEANUP is only for leaks")
+        tx.end_conversation(handle, cleanup=True)
 
 
 def error_body(error: BrokerError) -> dict[str, Any]:

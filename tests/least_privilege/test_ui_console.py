@@ -6,6 +6,7 @@ calls; these run it as real logins holding only the documented grants."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,13 +30,17 @@ READ_ONLY_UI = (*roles.APPLICATION_GRANTS, roles.broker_grant("VIEW DEFINITION",
 
 
 @pytest.fixture
-def poisoned(owned_dsn: str) -> PoisonedQueue:
+def apps(owned_dsn: str) -> None:
+    with Broker(owned_dsn) as admin, admin.transaction() as tx:
+        A.create(tx)
+        B.create(tx)
+
+
+@pytest.fixture
+def poisoned(owned_dsn: str, apps: None) -> PoisonedQueue:
     """A's target queue disabled by poison detection, with two messages in its quarantine and
     one waiting; B's objects beside it."""
     with Broker(owned_dsn) as admin:
-        with admin.transaction() as tx:
-            A.create(tx)
-            B.create(tx)
         return poisoned_queue(admin, "a_I", "a_T", "a_C", "a_Req", QUEUE,
                               ["first", "second", "poison"], error="ValueError: bad trade")
 
@@ -162,3 +167,46 @@ def test_the_documented_operator_ui_replays_and_enables_and_the_queue_drains(
         assert (queue["enabled"], queue["quarantined"], queue["depth"]) == (True, 0, 3)
     with Broker(owned_dsn) as admin, admin.transaction() as tx:
         assert [m.text() for m in tx.receive(QUEUE, 10)] == ["first", "second", "poison"]
+
+
+def leak(broker: Broker, prefix: str) -> uuid.UUID:
+    """The fire-and-forget leak: the initiator ends at once, the target ends on EndDialog and
+    its CLOSED endpoint waits out a lifetime of decades. Returns the target's handle."""
+    with broker.transaction() as tx:
+        handle = tx.begin_dialog(f"{prefix}I", f"{prefix}T", f"{prefix}C")
+        tx.send(handle, f"{prefix}Req", "fire")
+        tx.end_conversation(handle)
+    with broker.transaction() as tx:
+        received = tx.receive(f"{prefix}q_t")
+        tx.end_conversation(received[0].conversation_handle)
+    return received[0].conversation_handle
+
+
+def test_conversations_show_a_reader_its_own_services_leaks_and_cleanup_is_the_owners(
+        owned_dsn: str, apps: None) -> None:
+    with Broker(owned_dsn) as admin:
+        a_leak, b_leak = leak(admin, "a_"), leak(admin, "b_")
+    with ui_login(owned_dsn, roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}")) as ui:
+        shown = console.conversations(ui)
+        handles = {c["conversation_handle"]: c for c in shown["conversations"]}
+        assert str(b_leak) not in handles
+        assert handles[str(a_leak)]["is_leaked"] is True
+        assert handles[str(a_leak)]["state_desc"] == "CLOSED"
+        assert {c["service_name"] for c in shown["conversations"]} == {"a_T"}
+        leaks = console.conversations(ui, leaked_only=True)["conversations"]
+        assert [c["conversation_handle"] for c in leaks] == [str(a_leak)]
+        assert {"state": "CD", "endpoints": 1, "leaked": 1} in shown["counts"]
+        # WITH CLEANUP is the schema owner's: RECEIVE is not enough (229).
+        assert refused(lambda: console.cleanup_leak(ui, a_leak, str(a_leak))) == 229
+        # Another's leak is, to this login, a conversation that does not exist.
+        assert refused(lambda: console.cleanup_leak(ui, b_leak, str(b_leak))) == 8426
+        assert len(console.conversations(ui, leaked_only=True)["conversations"]) == 1
+    with ui_login(owned_dsn) as nobody:
+        assert console.conversations(nobody) == {"conversations": [], "truncated": False,
+                                                 "counts": []}
+    with Broker(owned_dsn) as admin:
+        with pytest.raises(console.NotConfirmed):
+            console.cleanup_leak(admin, a_leak, None)
+        console.cleanup_leak(admin, a_leak, str(a_leak))
+        assert [c["conversation_handle"] for c in console.conversations(
+            admin, leaked_only=True)["conversations"]] == [str(b_leak)]

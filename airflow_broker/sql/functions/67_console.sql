@@ -134,3 +134,47 @@ BEGIN
     RETURN v_count;
 END
 $$;
+
+-- The conversations the login may see, as conversation_endpoints shows them (RECEIVE on the
+-- queue of the conversation's own service), newest first, leaks flagged: CLOSED targets whose
+-- security timestamp was never set and whose lifetime is more than a month away
+-- (leaked_endpoints, 80_leaks.sql), which reclaim would not remove for decades. p_state
+-- (SQL Server's two-letter state), p_leaked_only and p_handle narrow the list.
+CREATE OR REPLACE FUNCTION console_conversations(p_state text, p_leaked_only boolean,
+                                                 p_limit integer, p_handle uuid DEFAULT NULL)
+RETURNS TABLE (conversation_handle uuid, conversation_id uuid, is_initiator boolean,
+               service_name text, far_service text, state text, state_desc text,
+               lifetime timestamp, created_at timestamp, is_leaked boolean)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT * FROM (
+        SELECT e.conversation_handle, e.conversation_id, e.is_initiator, s.name,
+               e.far_service, e.state::text,
+               CASE e.state
+                   WHEN 'SO' THEN 'STARTED_OUTBOUND' WHEN 'SI' THEN 'STARTED_INBOUND'
+                   WHEN 'CO' THEN 'CONVERSING' WHEN 'DI' THEN 'DISCONNECTED_INBOUND'
+                   WHEN 'DO' THEN 'DISCONNECTED_OUTBOUND' WHEN 'ER' THEN 'ERROR'
+                   WHEN 'CD' THEN 'CLOSED' END,
+               e.lifetime, e.created_at,
+               e.state = 'CD' AND NOT e.is_initiator AND e.security_timestamp = '1900-01-01'
+                   AND e.lifetime > (SELECT utc_now()) + interval '1 month' AS is_leaked
+          FROM endpoints e
+          JOIN service_defs s USING (service_id)
+          JOIN queues q ON q.object_id = s.service_queue_id
+         WHERE NOT e.is_system
+           AND (p_state IS NULL OR e.state = p_state)
+           AND (p_handle IS NULL OR e.conversation_handle = p_handle)
+           AND ((SELECT is_broker_owner())
+                OR has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id))) c
+     WHERE NOT coalesce(p_leaked_only, false) OR c.is_leaked
+     ORDER BY c.created_at DESC, c.conversation_handle
+     LIMIT p_limit
+$$;
+
+-- How many of those conversations are in each state, and how many are leaks.
+CREATE OR REPLACE FUNCTION console_conversation_counts()
+RETURNS TABLE (state text, endpoints bigint, leaked bigint)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT c.state, count(*), count(*) FILTER (WHERE c.is_leaked)
+      FROM console_conversations(NULL, false, NULL) c
+     GROUP BY c.state ORDER BY c.state
+$$;

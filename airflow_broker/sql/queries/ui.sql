@@ -32,3 +32,18 @@ SELECT quarantine_id, status, quarantined_at, attempts, conversation_handle,
 -- ui_replay --
 -- Replays quarantined messages of one queue (RECEIVE on it); returns how many.
 SELECT {schema}.console_replay(%s, %s::bigint[])
+
+-- ui_conversations --
+-- The conversations the login may see (RECEIVE on their service's queue), newest first, leaks
+-- flagged; state (NULL: any), leaks only, at most %s rows.
+SELECT conversation_handle, conversation_id, is_initiator, service_name, far_service, state,
+       state_desc, lifetime, created_at, is_leaked
+  FROM {schema}.console_conversations(%s, %s, %s)
+
+-- ui_conversation --
+-- One conversation the login may see, or no row.
+SELECT conversation_handle, is_leaked
+  FROM {schema}.console_conversations(NULL, false, 1, %s)
+
+-- ui_conversation_counts --
+SELECT state, endpoints, leaked FROM {schema}.console_conversation_counts()
