@@ -47,6 +47,9 @@ class Report:
     schema: str
     findings: list[Finding] = field(default_factory=list)
     checks_run: list[str] = field(default_factory=list)
+    # Checks the login could not run (it lacks the schema owner's rights): no finding of
+    # theirs means nothing then.
+    not_checked: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -398,6 +401,7 @@ def diagnose(broker: Broker) -> Report:
         pending = migrations.pending(broker.dsn, broker.schema)
     except psycopg.errors.InsufficientPrivilege:
         report.findings.append(_not_checked("schema", broker.schema))
+        report.not_checked.append("schema")
         pending = []
     if pending:
         installed = not set(pending) >= {f.name for f in migrations.migrations()}
@@ -416,5 +420,6 @@ def diagnose(broker: Broker) -> Report:
             except psycopg.errors.InsufficientPrivilege:
                 conn.rollback()
                 report.findings.append(_not_checked(name, broker.schema))
+                report.not_checked.append(name)
         conn.rollback()
     return report

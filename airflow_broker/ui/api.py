@@ -190,7 +190,9 @@ _health_lock = threading.Lock()
 
 def _run_health() -> dict[str, Any]:
     name = doctor_conn_id()
-    report = console.health(_broker(name))
+    # Numbered, so the page can tell a new report from the last one made within a second.
+    run = int(_health.get(name, {}).get("run", 0)) + 1
+    report = {**console.health(_broker(name)), "run": run}
     _health[name] = report
     return report
 

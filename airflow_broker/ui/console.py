@@ -203,6 +203,7 @@ def health(broker: Broker) -> dict[str, Any]:
         "schema": report.schema,
         "healthy": report.healthy,
         "checks": report.checks_run,
+        "not_checked": report.not_checked,
         "checked_at": dt.datetime.now(dt.UTC).isoformat(),
         "findings": [{"severity": f.severity, "check": f.check, "subject": f.subject,
                       "problem": f.problem, "fix": f.fix} for f in findings],

@@ -319,6 +319,7 @@ def test_health_shows_doctors_findings_without_secrets_and_runs_again_on_a_post(
     report = ui.get("/api/health", "viewer").json()
     assert report["healthy"] is False
     assert {"queues", "routes", "permissions"} <= set(report["checks"])
+    assert report["not_checked"] == []
     [disabled] = [f for f in report["findings"] if f["subject"] == QUEUE]
     assert disabled["severity"] == "error" and "POISON" in disabled["problem"].upper()
     assert disabled["fix"]
@@ -330,6 +331,7 @@ def test_health_shows_doctors_findings_without_secrets_and_runs_again_on_a_post(
     assert ui.get("/api/health", "viewer").json()["checked_at"] == report["checked_at"]
     response = ui.post("/api/health", {}, "viewer", headers={"Sec-Fetch-Site": "same-origin"})
     assert response.status_code == 200, response.text
+    assert response.json()["run"] == report["run"] + 1
     assert "far_route" in response.text
     assert "s3cret-pass" not in response.text
     assert ui.post("/api/health", {}, "viewer",
@@ -342,6 +344,8 @@ def test_health_as_the_least_privileged_login_says_what_it_could_not_check(
     not_checked = {f["check"] for f in report["findings"]
                    if f["problem"].startswith("not checked")}
     assert "queues" in not_checked
+    # Not "healthy" without a word: the page says how many checks did not run.
+    assert set(report["not_checked"]) == not_checked
     assert all(f["severity"] == "info" for f in report["findings"]
                if f["check"] in not_checked)
 

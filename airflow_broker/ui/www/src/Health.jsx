@@ -35,13 +35,17 @@ export function Health() {
       <Problem error={error} />
       <HStack mb={3}>
         {report && (
-          <Badge colorPalette={report.healthy ? "green" : "red"} data-testid="health-state">
-            {report.healthy ? "healthy" : "problems found"}
+          <Badge colorPalette={!report.healthy ? "red" : report.not_checked.length ? "orange" : "green"}
+                 data-testid="health-state">
+            {!report.healthy ? "problems found"
+              : report.not_checked.length ? `${report.not_checked.length} checks not run`
+                : "healthy"}
           </Badge>
         )}
         {report && (
           <Text fontSize="sm" data-testid="health-checked-at">
             schema {report.schema}, {report.checks.length} checks, {when(report.checked_at)}
+            {" "}(run {report.run})
           </Text>
         )}
         <Button size="sm" variant="outline" loading={busy} onClick={rerun}
