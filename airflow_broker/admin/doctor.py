@@ -60,6 +60,7 @@ class Report:
             "schema": self.schema,
             "healthy": self.healthy,
             "checks": self.checks_run,
+            "not_checked": self.not_checked,
             "findings": [dataclasses.asdict(f) for f in self.findings],
         }, indent=2, default=str)
 
