@@ -47,6 +47,9 @@ class Report:
     schema: str
     findings: list[Finding] = field(default_factory=list)
     checks_run: list[str] = field(default_factory=list)
+    # Checks the login could not run (it lacks the schema owner's rights): no finding of
+    # theirs means nothing then.
+    not_checked: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -57,6 +60,7 @@ class Report:
             "schema": self.schema,
             "healthy": self.healthy,
             "checks": self.checks_run,
+            "not_checked": self.not_checked,
             "findings": [dataclasses.asdict(f) for f in self.findings],
         }, indent=2, default=str)
 
@@ -381,10 +385,25 @@ CHECKS: dict[str, Check] = {
 }
 
 
+def _not_checked(check: str, schema: str) -> Finding:
+    return Finding(
+        INFO, check, schema,
+        "not checked: this login may not read what the check reads (the schema owner's "
+        "catalog and tables)",
+        "run airflow-broker doctor as the broker worker (a member of the schema's owner)")
+
+
 def diagnose(broker: Broker) -> Report:
+    """Every check, as far as the broker's login may run them: a check that needs the schema
+    owner's rights the login lacks is reported as not checked, and the others still run."""
     report = Report(broker.schema)
-    pending = migrations.pending(broker.dsn, broker.schema)
     report.checks_run.append("schema")
+    try:
+        pending = migrations.pending(broker.dsn, broker.schema)
+    except psycopg.errors.InsufficientPrivilege:
+        report.findings.append(_not_checked("schema", broker.schema))
+        report.not_checked.append("schema")
+        pending = []
     if pending:
         installed = not set(pending) >= {f.name for f in migrations.migrations()}
         report.findings.append(Finding(
@@ -397,6 +416,11 @@ def diagnose(broker: Broker) -> Report:
     with broker.pool.connection() as conn:
         for name, check in CHECKS.items():
             report.checks_run.append(name)
-            report.findings.extend(check(conn, broker.schema))
+            try:
+                report.findings.extend(check(conn, broker.schema))
+            except psycopg.errors.InsufficientPrivilege:
+                conn.rollback()
+                report.findings.append(_not_checked(name, broker.schema))
+                report.not_checked.append(name)
         conn.rollback()
     return report

@@ -22,6 +22,7 @@ BROKER = "Broker"
 BODIES = "Broker Message Bodies"
 QUEUES = "Broker Queues"
 QUARANTINE = "Broker Quarantine"
+CONVERSATIONS = "Broker Conversations"
 
 Method = Literal["GET", "POST"]
 # SimpleAuthManager's roles, lowest first; a write needs OP or above under it.
@@ -57,6 +58,8 @@ def permissions(user: BaseUser) -> dict[str, bool]:
         "view_bodies": allowed(user, "GET", BODIES),
         "enable_disable_queue": allowed(user, "POST", QUEUES),
         "replay_quarantine": allowed(user, "POST", QUARANTINE) and allowed(user, "POST", QUEUES),
+        "replay_only": allowed(user, "POST", QUARANTINE),
+        "cleanup_conversation": allowed(user, "POST", CONVERSATIONS),
     }
 
 

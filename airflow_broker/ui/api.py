@@ -9,6 +9,7 @@ audit log. The broker is reached through the Airflow connection ``[broker] ui_co
 from __future__ import annotations
 
 import threading
+import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,7 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from airflow_broker.broker import Broker
-from airflow_broker.errors import BrokerError, NotFound
+from airflow_broker.errors import BrokerError, NotFound, PermissionDenied
 from airflow_broker.ui import access, console
 
 DIST = Path(__file__).parent / "www" / "dist"
@@ -39,13 +40,24 @@ def conn_id() -> str:
     return str(conf.get("broker", "ui_conn_id", fallback=BrokerHook.default_conn_name))
 
 
+def doctor_conn_id() -> str:
+    """The Health page's connection: the pages' own unless ``[broker] ui_doctor_conn_id``
+    names one whose login may run every check (docs/ui.md)."""
+    from airflow.configuration import conf
+
+    return str(conf.get("broker", "ui_doctor_conn_id", fallback=None) or conn_id())
+
+
 _brokers: dict[str, Broker] = {}
 _brokers_lock = threading.Lock()
 
 
 def broker() -> Broker:
     """One engine (a small pool) per connection id for the life of the api-server."""
-    name = conn_id()
+    return _broker(conn_id())
+
+
+def _broker(name: str) -> Broker:
     with _brokers_lock:
         engine = _brokers.get(name)
         if engine is None:
@@ -61,6 +73,7 @@ def close_brokers() -> None:
         for engine in _brokers.values():
             engine.close()
         _brokers.clear()
+    _health.clear()
 
 
 BrokerDep = Annotated[Broker, Depends(broker)]
@@ -68,8 +81,21 @@ BrokerDep = Annotated[Broker, Depends(broker)]
 
 @app.exception_handler(BrokerError)
 async def broker_error(request: Request, error: BrokerError) -> JSONResponse:
-    code = 404 if isinstance(error, NotFound) else 409
+    # The broker's refusals of the pages' login: 403 for a permission it lacks on an object it
+    # may see (229), 404 for one it may not see or alter (208, 15151).
+    code = 404 if isinstance(error, NotFound) else 403 if isinstance(
+        error, PermissionDenied) else 409
     return JSONResponse(console.error_body(error), status_code=code)
+
+
+@app.exception_handler(console.NotLeaked)
+async def not_leaked(request: Request, error: console.NotLeaked) -> JSONResponse:
+    return JSONResponse({"detail": str(error), "error_number": None}, status_code=409)
+
+
+@app.exception_handler(console.NotConfirmed)
+async def not_confirmed(request: Request, error: console.NotConfirmed) -> JSONResponse:
+    return JSONResponse({"detail": str(error), "error_number": None}, status_code=400)
 
 
 @app.exception_handler(console.NotQuarantined)
@@ -108,9 +134,10 @@ def get_quarantine(queue_name: str, engine: BrokerDep,
                    user: Annotated[BaseUser, Depends(access.requires("GET", access.QUARANTINE))],
                    error: Annotated[str | None, Query(max_length=200)] = None) -> dict[str, Any]:
     perms = access.permissions(user)
-    return {"queue_name": queue_name, "permissions": perms,
-            "messages": console.quarantine(engine, queue_name, bodies=perms["view_bodies"],
-                                           error_contains=error)}
+    messages = console.quarantine(engine, queue_name, bodies=perms["view_bodies"],
+                                  error_contains=error)
+    rights = console.queue_rights(engine, queue_name)
+    return {"queue_name": queue_name, "permissions": perms, "messages": messages, **rights}
 
 
 # -- writes ----------------------------------------------------------------------------------
@@ -141,3 +168,71 @@ def post_replay_and_enable(queue_name: str, body: ReplayBody,
     replayed = console.replay_and_enable(engine, queue_name, body.quarantine_ids)
     return {"queue_name": queue_name, "replayed": replayed, "enabled": True}
 
+
+
+@app.post("/api/queues/{queue_name}/replay",
+          dependencies=[Depends(access.requires("POST", access.QUARANTINE)),
+                        Depends(action_logging(event="broker_replay"))])
+def post_replay(queue_name: str, body: ReplayBody, engine: BrokerDep) -> dict[str, Any]:
+    """Replays without enabling: what a login with RECEIVE and without ALTER on the queue may
+    do (the queue's readers take the messages once someone enables it)."""
+    replayed = console.replay(engine, queue_name, body.quarantine_ids, enable=False)
+    return {"queue_name": queue_name, "replayed": replayed, "enabled": None}
+
+
+# -- health ----------------------------------------------------------------------------------
+
+# The last report, kept for the api-server's life: a page view shows it, and only the button
+# (a POST) runs the checks again, which read the whole catalog and reach far brokers.
+_health: dict[str, Any] = {}
+_health_lock = threading.Lock()
+
+
+def _run_health() -> dict[str, Any]:
+    name = doctor_conn_id()
+    # Numbered, so the page can tell a new report from the last one made within a second.
+    run = int(_health.get(name, {}).get("run", 0)) + 1
+    report = {**console.health(_broker(name)), "run": run}
+    _health[name] = report
+    return report
+
+
+@app.get("/api/health")
+def get_health(user: Reader) -> dict[str, Any]:
+    with _health_lock:
+        report = _health.get(doctor_conn_id()) or _run_health()
+    return {**report, "permissions": access.permissions(user)}
+
+
+@app.post("/api/health",
+          dependencies=[Depends(access.requires("POST")),
+                        Depends(action_logging(event="broker_health_check"))])
+def post_health(user: Reader) -> dict[str, Any]:
+    """Runs the checks again; a second click while they run waits for that run's report."""
+    with _health_lock:
+        report = _run_health()
+    return {**report, "permissions": access.permissions(user)}
+
+
+# -- conversations ---------------------------------------------------------------------------
+
+@app.get("/api/conversations")
+def get_conversations(
+        user: Reader, engine: BrokerDep,
+        state: Annotated[str | None, Query(pattern="^(SO|SI|CO|DI|DO|ER|CD)$")] = None,
+        leaked: bool = False) -> dict[str, Any]:
+    return {**console.conversations(engine, state=state, leaked_only=leaked),
+            "permissions": access.permissions(user)}
+
+
+class CleanupBody(BaseModel):
+    # The handle, typed by the user: a cleanup is never one click.
+    confirm: str | None = Field(default=None, max_length=100)
+
+
+@app.post("/api/conversations/{handle}/cleanup",
+          dependencies=[Depends(access.requires("POST", access.CONVERSATIONS)),
+                        Depends(action_logging(event="broker_conversation_cleanup"))])
+def post_cleanup(handle: uuid.UUID, body: CleanupBody, engine: BrokerDep) -> dict[str, Any]:
+    console.cleanup_leak(engine, handle, body.confirm)
+    return {"conversation_handle": str(handle), "cleaned_up": True}

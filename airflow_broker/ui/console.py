@@ -1,29 +1,42 @@
 """What the broker's pages in Airflow's UI read and change, as JSON-ready dicts.
 
-Reads go through the broker's views and functions (sql/queries/ui.sql, queue_state,
-quarantined_messages); changes through its functions (ALTER QUEUE, replay_quarantined), each
-in one broker transaction.
+Everything goes through broker functions every login may call, which apply the broker's
+permission checks to the pages' login (sql/functions/67_console.sql, queue_state,
+alter_queue): the login sees the queues it may see, reads messages and the quarantine of the
+queues it may RECEIVE from, replays there, and enables the queues it may ALTER. Each call is
+one broker transaction.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
-from airflow_broker.errors import BrokerError, InvalidObjectName
+from airflow_broker.errors import BrokerError, ConversationNotFound, InvalidObjectName
 from airflow_broker.messages import decode_body
-from airflow_broker.poison.quarantine import list_quarantined
 
-# The queue page shows the head of each queue, not all of a backlog of millions.
+# The queue page shows the head of each queue, not all of a backlog of millions; the
+# conversations page the newest endpoints, not all of millions of leaks.
 MESSAGE_LIMIT = 500
+CONVERSATION_LIMIT = 500
+STATES = ("SO", "SI", "CO", "DI", "DO", "ER", "CD")
 BODY_PREVIEW = 2000
 
 
 class NotQuarantined(LookupError):
     """A replay named a message that is not waiting in this queue's quarantine."""
+
+
+class NotLeaked(LookupError):
+    """END CONVERSATION WITH CLEANUP was asked of an endpoint that is not a leak."""
+
+
+class NotConfirmed(ValueError):
+    """A cleanup without the typed confirmation: the handle itself."""
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -49,7 +62,8 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     queues = []
     for (name, schema, enabled, reason, disabled_at, activation, max_readers, ready, oldest,
-         readers, poison_reason, poison_at, poison_messages, quarantined) in rows:
+         readers, poison_reason, poison_at, poison_messages, quarantined, may_receive,
+         may_alter) in rows:
         by_poison = not enabled and reason == "POISON"
         queues.append({
             "name": name,
@@ -70,15 +84,27 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
             else max(0.0, (now - oldest).total_seconds()),
             "readers_running": int(readers or 0),
             "quarantined": int(quarantined or 0),
+            # What the login may do here, as the broker will judge it.
+            "may_receive": bool(may_receive),
+            "may_alter": bool(may_alter),
         })
     return queues
+
+
+def queue_rights(broker: Broker, queue_name: str) -> dict[str, bool]:
+    """Whether the login may RECEIVE from and ALTER a queue it may see, as the broker judges
+    it: the pages offer no action the broker would refuse."""
+    for queue in overview(broker):
+        if queue_name in (queue["name"], f"{queue['schema']}.{queue['name']}"):
+            return {"may_receive": queue["may_receive"], "may_alter": queue["may_alter"]}
+    return {"may_receive": False, "may_alter": False}
 
 
 def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str, Any]:
     """The queue's waiting messages by conversation group; bodies only when ``bodies``."""
     with broker.transaction() as tx:
         runner = runner_of(tx)
-        state = runner.run(runner.queries["queue_status"], [queue_name])
+        state = runner.run(runner.queries["ui_queue_state"], [queue_name])
         if not state:
             raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
         rows = runner.run(runner.queries["ui_queue_messages"], [queue_name, MESSAGE_LIMIT + 1])
@@ -115,19 +141,23 @@ def quarantine(broker: Broker, queue_name: str, *, bodies: bool,
                error_contains: str | None = None) -> list[dict[str, Any]]:
     """The queue's quarantined and parked (``retrying``) messages, oldest first."""
     needle = (error_contains or "").casefold()
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["ui_quarantine"], [queue_name])
     return [{
-        "quarantine_id": m.quarantine_id,
-        "status": m.status,
-        "quarantined_at": _iso(m.quarantined_at),
-        "attempts": m.attempts,
-        "conversation_handle": str(m.conversation_handle),
-        "message_type_name": m.message_type_name,
-        "message_sequence_number": m.message_sequence_number,
-        "message_id": str(m.message_id),
-        "error": m.error,
-        "body": body_text(m.message_body) if bodies else None,
+        "quarantine_id": quarantine_id,
+        "status": status,
+        "quarantined_at": _iso(quarantined_at),
+        "attempts": attempts,
+        "conversation_handle": str(handle),
+        "message_type_name": type_name,
+        "message_sequence_number": sequence,
+        "message_id": str(message_id),
+        "error": error,
+        "body": body_text(body) if bodies else None,
         "body_masked": not bodies,
-    } for m in list_quarantined(broker, queue_name) if needle in m.error.casefold()]
+    } for (quarantine_id, status, quarantined_at, attempts, handle, type_name, sequence,
+           message_id, body, error) in rows if needle in error.casefold()]
 
 
 def set_queue_status(broker: Broker, queue_name: str, enabled: bool) -> None:
@@ -136,25 +166,97 @@ def set_queue_status(broker: Broker, queue_name: str, enabled: bool) -> None:
         tx.alter_queue(queue_name, status=enabled)
 
 
-def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
-    """Puts the messages back on their conversations, in sequence order, and enables the queue:
-    both or neither, so readers never meet a queue enabled without its replayed messages, nor
-    replayed messages on a queue still disabled."""
+def replay(broker: Broker, queue_name: str, quarantine_ids: Sequence[int], *,
+           enable: bool) -> int:
+    """Puts the messages back on their conversations, in sequence order (RECEIVE on the
+    queue), and with ``enable`` enables the queue (ALTER on it): all in one transaction, so
+    readers never meet a queue enabled without its replayed messages, nor replayed messages
+    on a queue still disabled, and a refusal of either changes nothing."""
     with broker.transaction() as tx:
         runner = runner_of(tx)
-        waiting = {row[0] for row in runner.run(
-            runner.queries["quarantined_messages"], [queue_name, queue_name, False])
-            if row[1] == queue_name}
+        waiting = {row[0] for row in runner.run(runner.queries["ui_quarantine"], [queue_name])}
         missing = sorted(set(quarantine_ids) - waiting)
         if missing:
             raise NotQuarantined(
                 f"not waiting in the quarantine of queue {queue_name}: "
                 + ", ".join(map(str, missing)))
-        call = runner.function("replay_quarantined", 1)
-        for quarantine_id in sorted(set(quarantine_ids)):
-            runner.run(call, [quarantine_id])
-        tx.alter_queue(queue_name, status=True)
-    return len(set(quarantine_ids))
+        ((replayed,),) = runner.run(runner.queries["ui_replay"],
+                                    [queue_name, sorted(set(quarantine_ids))])
+        if enable:
+            tx.alter_queue(queue_name, status=True)
+    return int(replayed)
+
+
+def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
+    return replay(broker, queue_name, quarantine_ids, enable=True)
+
+
+def health(broker: Broker) -> dict[str, Any]:
+    """``airflow-broker doctor``'s report (its findings redacted as the CLI's are), worst
+    first."""
+    from airflow_broker.admin.doctor import ERROR, WARNING, diagnose
+
+    report = diagnose(broker)
+    findings = sorted(report.findings, key=lambda f: (f.severity != ERROR,
+                                                      f.severity != WARNING))
+    return {
+        "schema": report.schema,
+        "healthy": report.healthy,
+        "checks": report.checks_run,
+        "not_checked": report.not_checked,
+        "checked_at": dt.datetime.now(dt.UTC).isoformat(),
+        "findings": [{"severity": f.severity, "check": f.check, "subject": f.subject,
+                      "problem": f.problem, "fix": f.fix} for f in findings],
+    }
+
+
+def conversations(broker: Broker, *, state: str | None = None,
+                  leaked_only: bool = False) -> dict[str, Any]:
+    """The conversations the login may see (RECEIVE on their service's queue), newest first,
+    leaks flagged, with counts per state."""
+    if state is not None and state not in STATES:
+        raise ValueError(f"no conversation state {state!r}: one of {', '.join(STATES)}")
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["ui_conversations"],
+                          [state, leaked_only, CONVERSATION_LIMIT + 1])
+        counts = runner.run(runner.queries["ui_conversation_counts"])
+    return {
+        "conversations": [{
+            "conversation_handle": str(handle),
+            "conversation_id": str(conversation_id),
+            "is_initiator": bool(initiator),
+            "service_name": service,
+            "far_service": far_service,
+            "state": state_code,
+            "state_desc": state_desc,
+            "lifetime": _iso(lifetime),
+            "created_at": _iso(created_at),
+            "is_leaked": bool(leaked),
+        } for (handle, conversation_id, initiator, service, far_service, state_code,
+               state_desc, lifetime, created_at, leaked) in rows[:CONVERSATION_LIMIT]],
+        "truncated": len(rows) > CONVERSATION_LIMIT,
+        "counts": [{"state": s, "endpoints": int(n), "leaked": int(leaked)}
+                   for s, n, leaked in counts],
+    }
+
+
+def cleanup_leak(broker: Broker, handle: uuid.UUID, confirm: str | None) -> None:
+    """END CONVERSATION WITH CLEANUP of one leaked endpoint, once the user typed its handle:
+    the peer is never told, so it is for leaks alone. The broker allows it to the schema's
+    owner only (229 otherwise)."""
+    if (confirm or "").strip().lower() != str(handle):
+        raise NotConfirmed(f"type the conversation handle {handle} to confirm the cleanup")
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        found = runner.run(runner.queries["ui_conversation"], [handle])
+        if not found:
+            raise ConversationNotFound(
+                f"The conversation handle \"{handle}\" is not found.")
+        if not found[0][1]:
+            raise NotLeaked(f"conversation {handle} is not a leaked endpoint: END CONVERSATION "
+                            "WITH CLEANUP is only for leaks")
+        tx.end_conversation(handle, cleanup=True)
 
 
 def error_body(error: BrokerError) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 
 from airflow_broker import Broker
 from tests.fixtures.system import ROLE_USERS, USERNAME, SystemDatabases
+from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
@@ -75,6 +76,10 @@ def poisoned(system_databases: SystemDatabases, airflow_deployment: Deployment,
             tx.create_queue(QUEUE)
             tx.create_service("//UI/Desk", "ui_desk_q")
             tx.create_service("//UI/Settlement", QUEUE, ["//UI/TradeContract"])
+        # The operator recipe of docs/security.md for this queue: its readers' RECEIVE (the
+        # queue's messages, its quarantine, replay) and ALTER (enable, disable).
+        system_databases.grant_ui(roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}"),
+                                  roles.broker_grant("ALTER", f"QUEUE::{QUEUE}"))
         return poisoned_queue(
             broker, "//UI/Desk", "//UI/Settlement", "//UI/TradeContract", TRADE, QUEUE,
             ["<trade id='1'/>", "<trade id='2'/>", "<trade id='3'>BAD</trade>"],
@@ -174,4 +179,46 @@ def test_an_operator_replays_and_enables_in_one_click_and_the_queue_drains(
     # The overview refreshes itself: the drained queue shows without a reload.
     expect(row.get_by_test_id("queue-depth")).to_have_text("0")
     expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"))
+    page.context.close()
+
+
+def test_health_and_conversations_as_the_least_privileged_login(
+        browser: Browser, airflow_deployment: Deployment, system_databases: SystemDatabases,
+        screenshots: Path) -> None:
+    """Health shows doctor's findings (the checks the UI's login may not run say so) and runs
+    them again on a click; Conversations flags a fire-and-forget leak, and its cleanup, once
+    the handle is typed, is the broker's to refuse (229: WITH CLEANUP is the owner's)."""
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            tx.create_queue("ui_leak_q")
+            tx.create_service("//UI/Audit", "ui_leak_q", ["//UI/TradeContract"])
+        # docs/security.md's read-only UI, with RECEIVE where it is to read.
+        system_databases.grant_ui(roles.broker_grant("RECEIVE", "QUEUE::ui_leak_q"))
+        with broker.transaction() as tx:
+            initiator = tx.begin_dialog("//UI/Desk", "//UI/Audit", "//UI/TradeContract")
+            tx.send(initiator, TRADE, "<trade id='4'/>")
+            tx.end_conversation(initiator)
+        with broker.transaction() as tx:
+            [received, _] = tx.receive("ui_leak_q", 10)
+            tx.end_conversation(received.conversation_handle)
+    leak = str(received.conversation_handle)
+
+    page = open_page(browser, airflow_deployment, "op", "light", "plugin/broker?page=health")
+    expect(page.get_by_test_id("health-state")).to_be_visible()
+    first = page.get_by_test_id("health-checked-at").inner_text()
+    expect(page.get_by_test_id("health-finding").first).to_be_visible()
+    page.get_by_test_id("health-rerun").click()
+    expect(page.get_by_test_id("health-checked-at")).not_to_have_text(first)
+    page.screenshot(path=screenshots / "health-light.png", full_page=True)
+
+    page.get_by_test_id("to-conversations").click()
+    row = page.get_by_test_id("conversation-row").filter(has_text=leak)
+    expect(row).to_have_attribute("data-leaked", "true")
+    row.get_by_test_id("cleanup-start").click()
+    expect(row.get_by_test_id("cleanup-submit")).to_be_disabled()
+    row.get_by_test_id("cleanup-confirm").fill(leak)
+    page.screenshot(path=screenshots / "conversations-light.png", full_page=True)
+    row.get_by_test_id("cleanup-submit").click()
+    expect(row.get_by_test_id("error")).to_contain_text("229")
+    expect(page.get_by_test_id("conversation-row").filter(has_text=leak)).to_have_count(1)
     page.context.close()

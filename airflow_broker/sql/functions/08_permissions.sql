@@ -32,7 +32,8 @@ $$;
 
 -- Whether role p_role (NULL: the schema's owner) holds p_permission on an object of class
 -- p_class, directly, through a role it is a member of or public, through CONTROL on the object
--- or on the database, or by owning it (p_owner; NULL: the schema's owner). The grants are read
+-- or on the database (VIEW DEFINITION also through VIEW DEFINITION on the database, as in SQL
+-- Server, where it covers every object of the database), or by owning it (p_owner; NULL: the schema's owner). The grants are read
 -- only when the role owns neither the schema nor the object.
 -- A set-returning SQL function without SECURITY DEFINER or SET (99_privileges.sql leaves it
 -- so), so that a statement calling it as (SELECT * FROM role_may(...)) has PostgreSQL plan it
@@ -51,7 +52,9 @@ RETURNS SETOF boolean LANGUAGE sql STABLE AS $$
                      AND p.permission IN (p_permission, 'CONTROL'))
                     OR (p.class = 0 AND p.major_id = 0
                         AND p.permission IN ('CONTROL',
-                                             CASE WHEN p_class = 0 THEN p_permission END)))
+                                             CASE WHEN p_class = 0
+                                                    OR p_permission = 'VIEW DEFINITION'
+                                                  THEN p_permission END)))
                AND (p.grantee = 0 OR pg_has_role(p_role, p.grantee, 'MEMBER')))
 $$;
 
@@ -248,7 +251,7 @@ BEGIN
     IF upper(p_securable) = 'DATABASE' THEN
         class := 0; major_id := 0; kind := 'database'; name := current_database();
         permissions := ARRAY['CONTROL', 'CREATE QUEUE', 'CREATE SERVICE', 'CREATE CONTRACT',
-                             'CREATE MESSAGE TYPE'];
+                             'CREATE MESSAGE TYPE', 'VIEW DEFINITION'];
     ELSIF v_kind = 'SERVICE' THEN
         class := 17; kind := 'service';
         SELECT s.service_id, s.principal_id INTO major_id, owner

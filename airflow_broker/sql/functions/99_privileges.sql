@@ -37,6 +37,9 @@ BEGIN
                    'airflow_fetch', 'airflow_awaiting_ack', 'airflow_take_over',
                    'airflow_reclaim', 'airflow_redeliver', 'airflow_settle', 'airflow_consume',
                    'airflow_ack', 'queue_of_event',
+                   -- The pages in Airflow's UI, as far as the caller may see and act.
+                   'console_queues', 'console_queue_messages', 'console_quarantine',
+                   'console_replay', 'console_conversations', 'console_conversation_counts',
                    -- DDL and permissions, which check CREATE, ALTER and CONTROL.
                    'create_queue', 'alter_queue', 'tune_queue', 'drop_queue', 'create_service',
                    'alter_service', 'drop_service', 'create_contract', 'drop_contract',

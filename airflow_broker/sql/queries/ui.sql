@@ -1,34 +1,49 @@
--- The broker's view in Airflow's UI (airflow_broker.ui). Each reads the broker's own views and
--- functions; service_queues shows a login only the queues it may see.
+-- The broker's view in Airflow's UI (airflow_broker.ui). Each calls a broker function every
+-- login may call (sql/functions/67_console.sql, queue_state), which shows and changes only
+-- what the calling login may see and do.
 
 -- ui_queues --
--- Every queue: its state, depth, oldest ready message, activated readers, and the latest
--- poison-detection event with the messages that caused it.
-SELECT q.name, q.schema_name, q.is_receive_enabled, s.disabled_reason, s.disabled_at,
-       q.is_activation_enabled, q.max_readers, s.ready_messages, s.oldest_ready_at,
-       (SELECT count(*) FROM {schema}.dm_broker_activated_tasks t
-         WHERE t.queue_id = q.object_id) AS readers_running,
-       e.reason AS poison_reason, e.disabled_at AS poison_at, e.message_ids AS poison_messages,
-       (SELECT count(*) FROM {schema}.quarantined_messages x
-         WHERE x.queue_name = q.name AND x.status IN ('quarantined', 'retrying'))
-           AS quarantined
-  FROM {schema}.service_queues q
-  JOIN {schema}.queue_status s ON s.object_id = q.object_id
-  LEFT JOIN LATERAL (
-      SELECT d.reason, d.disabled_at, d.message_ids FROM {schema}.queue_disable_events d
-       WHERE d.queue_id = q.object_id ORDER BY d.event_id DESC LIMIT 1) e ON true
- ORDER BY q.name
+-- Every queue the login may see: state, depth, oldest ready message, activated readers, the
+-- latest disable event, quarantine size, and whether the login may RECEIVE and ALTER.
+SELECT name, schema_name, is_receive_enabled, disabled_reason, disabled_at,
+       is_activation_enabled, max_readers, ready_messages, oldest_ready_at, readers_running,
+       poison_reason, poison_at, poison_message_ids, quarantined, may_receive, may_alter
+  FROM {schema}.console_queues()
+
+-- ui_queue_state --
+-- One queue's state, if the login may see it.
+SELECT name, schema_name, is_receive_enabled, disabled_reason, disabled_at, ready_messages,
+       poison_reason
+  FROM {schema}.queue_state(%s)
 
 -- ui_queue_messages --
--- The messages waiting on one queue the login may see, in RECEIVE's order within each
--- conversation group (at most %s rows).
-SELECT m.conversation_group_id, m.conversation_handle, m.message_sequence_number,
-       t.name AS message_type_name, m.status, m.priority, m.enqueued_at, m.message_id,
-       m.message_body
-  FROM {schema}.visible_queue(%s) q
-  JOIN {schema}.queue_messages m ON m.queue_id = q.object_id
-  JOIN {schema}.message_types t ON t.message_type_id = m.message_type_id
- WHERE m.status IN (1, 2)
- ORDER BY m.conversation_group_id, m.conversation_handle, m.precedence,
-          m.message_sequence_number
- LIMIT %s
+-- The messages waiting on one queue the login may RECEIVE from (208, 229 otherwise), in
+-- RECEIVE's order within each conversation group (at most %s rows).
+SELECT conversation_group_id, conversation_handle, message_sequence_number,
+       message_type_name, status, priority, enqueued_at, message_id, message_body
+  FROM {schema}.console_queue_messages(%s, %s)
+
+-- ui_quarantine --
+-- One queue's quarantined and parked messages, for a login that may RECEIVE from it.
+SELECT quarantine_id, status, quarantined_at, attempts, conversation_handle,
+       message_type_name, message_sequence_number, message_id, message_body, error
+  FROM {schema}.console_quarantine(%s)
+
+-- ui_replay --
+-- Replays quarantined messages of one queue (RECEIVE on it); returns how many.
+SELECT {schema}.console_replay(%s, %s::bigint[])
+
+-- ui_conversations --
+-- The conversations the login may see (RECEIVE on their service's queue), newest first, leaks
+-- flagged; state (NULL: any), leaks only, at most %s rows.
+SELECT conversation_handle, conversation_id, is_initiator, service_name, far_service, state,
+       state_desc, lifetime, created_at, is_leaked
+  FROM {schema}.console_conversations(%s, %s, %s)
+
+-- ui_conversation --
+-- One conversation the login may see, or no row.
+SELECT conversation_handle, is_leaked
+  FROM {schema}.console_conversations(NULL, false, 1, %s)
+
+-- ui_conversation_counts --
+SELECT state, endpoints, leaked FROM {schema}.console_conversation_counts()

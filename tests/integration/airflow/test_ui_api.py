@@ -15,6 +15,8 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from fastapi.testclient import TestClient
 
 from airflow_broker import Broker
+from tests.fixtures.airflow import connection_json
+from tests.support import roles
 from tests.support.brokers import App
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
 
@@ -136,7 +138,8 @@ def test_overview_shows_the_poisoned_queue_and_what_disabled_it(
 def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -> None:
     viewer = ui.get(f"/api/queues/{QUEUE}", "viewer").json()
     assert viewer["permissions"] == {"view_bodies": True, "enable_disable_queue": False,
-                                     "replay_quarantine": False}
+                                     "replay_quarantine": False, "replay_only": False,
+                                     "cleanup_conversation": False}
     # SimpleAuthManager lets every logged-in user read custom views, bodies included.
     [group] = viewer["groups"]
     assert [m["body"] for m in group["messages"]] == ["poison"]
@@ -144,7 +147,8 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     assert [m["quarantine_id"] for m in quarantine["messages"]] == poisoned.quarantine_ids
     assert {m["error"] for m in quarantine["messages"]} == {"ValueError: bad trade"}
     op = ui.get("/api/overview", "op").json()["permissions"]
-    assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True}
+    assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True,
+                  "replay_only": True, "cleanup_conversation": True}
 
 
 def test_bodies_are_masked_for_users_the_auth_manager_refuses_them(
@@ -255,3 +259,145 @@ def test_an_unknown_queue_answers_with_the_broker_error_number(ui: Ui, app: App)
     # ALTER QUEUE's own error for a queue it cannot find.
     assert response.json()["error_number"] in (208, 15151)
     assert "no_such_queue" in response.json()["detail"]
+
+
+@pytest.fixture
+def reader_ui(app: App, broker_conn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The pages on a login of their own holding docs/security.md's read-only UI grants and
+    RECEIVE on q_t, not ALTER."""
+    from airflow_broker.ui import api
+
+    with roles.role(broker_conn, *roles.APPLICATION_GRANTS,
+                    roles.broker_grant("VIEW DEFINITION", "DATABASE"),
+                    roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}"),
+                    prefix="ui", login=True) as name:
+        monkeypatch.setenv("AIRFLOW_CONN_BROKER_UI",
+                           connection_json(roles.login_dsn(broker_conn, name)))
+        monkeypatch.setenv("AIRFLOW__BROKER__UI_CONN_ID", "broker_ui")
+        try:
+            yield
+        finally:
+            api.close_brokers()
+
+
+def test_the_logins_refusals_come_back_with_their_numbers(
+        reader_ui: None, ui: Ui, poisoned: PoisonedQueue) -> None:
+    """The auth manager lets an admin through; the UI's login may read and replay but not
+    enable the queue: 404 with the broker's 15151, and nothing changes."""
+    row = queue_row(ui, "admin")
+    assert (row["may_receive"], row["may_alter"]) == (True, False)
+    quarantine = ui.get(f"/api/queues/{QUEUE}/quarantine", "admin").json()
+    assert (quarantine["may_receive"], quarantine["may_alter"]) == (True, False)
+    for path, body in ((f"/api/queues/{QUEUE}/status", {"enabled": True}),
+                       (f"/api/queues/{QUEUE}/replay-and-enable",
+                        {"quarantine_ids": poisoned.quarantine_ids})):
+        response = ui.post(path, body, "admin")
+        assert response.status_code == 404, response.text
+        assert response.json()["error_number"] == 15151
+    row = queue_row(ui, "admin")
+    assert (row["enabled"], row["quarantined"]) == (False, 2)
+    response = ui.post(f"/api/queues/{QUEUE}/replay",
+                       {"quarantine_ids": poisoned.quarantine_ids}, "op")
+    assert response.status_code == 200, response.text
+    row = queue_row(ui, "admin")
+    assert (row["enabled"], row["quarantined"], row["depth"]) == (False, 0, 3)
+
+
+def test_a_queue_the_login_sees_but_may_not_read_is_403_with_229(
+        reader_ui: None, ui: Ui, app: App) -> None:
+    """q_i is visible to the login (VIEW DEFINITION on the database) without RECEIVE."""
+    for path in ("/api/queues/q_i", "/api/queues/q_i/quarantine"):
+        response = ui.get(path, "admin")
+        assert response.status_code == 403, response.text
+        assert response.json()["error_number"] == 229
+
+
+def test_health_shows_doctors_findings_without_secrets_and_runs_again_on_a_post(
+        ui: Ui, poisoned: PoisonedQueue, broker: Broker) -> None:
+    assert ui.get("/api/health").status_code == 401
+    assert ui.client.post("/api/health", json={}).status_code == 401
+    report = ui.get("/api/health", "viewer").json()
+    assert report["healthy"] is False
+    assert {"queues", "routes", "permissions"} <= set(report["checks"])
+    assert report["not_checked"] == []
+    [disabled] = [f for f in report["findings"] if f["subject"] == QUEUE]
+    assert disabled["severity"] == "error" and "POISON" in disabled["problem"].upper()
+    assert disabled["fix"]
+    # A route whose address holds a password, to a far broker that does not answer.
+    with broker.transaction() as tx:
+        tx.create_route("far_route", "postgresql://far_user:s3cret-pass@127.0.0.1:1/db",
+                        service_name="//Far/Service")
+    # A page view shows the last report; only the button runs the checks again.
+    assert ui.get("/api/health", "viewer").json()["checked_at"] == report["checked_at"]
+    response = ui.post("/api/health", {}, "viewer", headers={"Sec-Fetch-Site": "same-origin"})
+    assert response.status_code == 200, response.text
+    assert response.json()["run"] == report["run"] + 1
+    assert "far_route" in response.text
+    assert "s3cret-pass" not in response.text
+    assert ui.post("/api/health", {}, "viewer",
+                   headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+
+
+def test_health_as_the_least_privileged_login_says_what_it_could_not_check(
+        reader_ui: None, ui: Ui) -> None:
+    report = ui.get("/api/health", "viewer").json()
+    not_checked = {f["check"] for f in report["findings"]
+                   if f["problem"].startswith("not checked")}
+    assert "queues" in not_checked
+    # Not "healthy" without a word: the page says how many checks did not run.
+    assert set(report["not_checked"]) == not_checked
+    assert all(f["severity"] == "info" for f in report["findings"]
+               if f["check"] in not_checked)
+
+
+def fire_and_forget_leak(app: App) -> str:
+    with app.broker.transaction() as tx:
+        handle = tx.begin_dialog("I", "T", "C")
+        tx.send(handle, "Req", "fire")
+        tx.end_conversation(handle)
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t")
+        tx.end_conversation(received[0].conversation_handle)
+    return str(received[0].conversation_handle)
+
+
+def leaked(ui: Ui) -> list[str]:
+    response = ui.get("/api/conversations", "viewer", params={"leaked": "true"})
+    assert response.status_code == 200, response.text
+    return [c["conversation_handle"] for c in response.json()["conversations"]]
+
+
+def test_a_leak_is_cleaned_up_only_after_its_handle_is_typed(ui: Ui, app: App) -> None:
+    handle = fire_and_forget_leak(app)
+    with app.broker.transaction() as tx:
+        open_handle = str(tx.begin_dialog("I", "T", "C"))
+    listing = ui.get("/api/conversations", "viewer").json()
+    by_handle = {c["conversation_handle"]: c for c in listing["conversations"]}
+    assert by_handle[handle]["is_leaked"] is True
+    assert by_handle[open_handle]["is_leaked"] is False
+    assert ui.get("/api/conversations", "viewer", params={"state": "XX"}).status_code == 422
+    path = f"/api/conversations/{handle}/cleanup"
+    assert ui.post(path, {}, "viewer").status_code == 403
+    for body in ({}, {"confirm": None}, {"confirm": "yes"}, {"confirm": open_handle}):
+        response = ui.post(path, body, "op")
+        assert response.status_code == 400, (body, response.text)
+        assert handle in response.json()["detail"]
+    assert leaked(ui) == [handle]
+    # Not a leak: WITH CLEANUP would end it without telling the peer.
+    response = ui.post(f"/api/conversations/{open_handle}/cleanup", {"confirm": open_handle},
+                       "op")
+    assert response.status_code == 409, response.text
+    response = ui.post(path, {"confirm": handle}, "op")
+    assert response.status_code == 200, response.text
+    assert leaked(ui) == []
+    assert audit_events("broker_conversation_cleanup")[-1][0] == "ui_op"
+
+
+def test_cleanup_is_refused_with_229_to_a_login_without_control(
+        reader_ui: None, ui: Ui, app: App) -> None:
+    handle = fire_and_forget_leak(app)
+    assert leaked(ui) == [handle]
+    response = ui.post(f"/api/conversations/{handle}/cleanup", {"confirm": handle}, "admin")
+    assert response.status_code == 403, response.text
+    assert response.json()["error_number"] == 229
+    assert leaked(ui) == [handle]

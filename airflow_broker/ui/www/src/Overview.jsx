@@ -84,7 +84,7 @@ export function Overview({ open }) {
                         cursor="pointer">{q.quarantined}</Link>
                 </Table.Cell>
                 <Table.Cell>
-                  {perms.enable_disable_queue && (
+                  {perms.enable_disable_queue && q.may_alter && (
                     <HStack>
                       <Button size="xs" variant="outline" loading={busy === q.name}
                               data-testid={q.enabled ? "disable-queue" : "enable-queue"}

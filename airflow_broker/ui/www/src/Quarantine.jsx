@@ -17,6 +17,10 @@ export function Quarantine({ name }) {
   const [busy, setBusy] = useState(false);
   const messages = data ? data.messages : [];
   const perms = data ? data.permissions : {};
+  // The auth manager's consent and the broker's: the UI's login may lack ALTER on the queue.
+  const mayEnable = perms.replay_quarantine && data && data.may_alter;
+  const mayReplay = perms.replay_only && data && data.may_receive;
+  const selecting = mayEnable || mayReplay;
 
   const toggle = (id) => {
     const next = new Set(selected);
@@ -25,13 +29,13 @@ export function Quarantine({ name }) {
   };
   const allSelected = messages.length > 0 && messages.every((m) => selected.has(m.quarantine_id));
 
-  const replay = async () => {
+  const replay = async (enable) => {
     setBusy(true);
     setActionError(null);
     try {
-      const result = await postJson(`${queuePath(name)}/replay-and-enable`,
+      const result = await postJson(`${queuePath(name)}/${enable ? "replay-and-enable" : "replay"}`,
                                     { quarantine_ids: [...selected] });
-      setDone(`${result.replayed} message(s) replayed; queue ${name} enabled`);
+      setDone(`${result.replayed} message(s) replayed${enable ? `; queue ${name} enabled` : ""}`);
       setSelected(new Set());
       await refresh();
     } catch (err) {
@@ -49,10 +53,16 @@ export function Quarantine({ name }) {
       <HStack mb={3}>
         <Input size="sm" maxW="sm" placeholder="Filter by error text" value={filter}
                onChange={(e) => setFilter(e.target.value)} data-testid="error-filter" />
-        {perms.replay_quarantine && (
+        {mayEnable && (
           <Button size="sm" colorPalette="blue" disabled={selected.size === 0 || busy}
-                  loading={busy} onClick={replay} data-testid="replay-and-enable">
+                  loading={busy} onClick={() => replay(true)} data-testid="replay-and-enable">
             Replay and enable queue
+          </Button>
+        )}
+        {!mayEnable && mayReplay && (
+          <Button size="sm" colorPalette="blue" disabled={selected.size === 0 || busy}
+                  loading={busy} onClick={() => replay(false)} data-testid="replay">
+            Replay
           </Button>
         )}
       </HStack>
@@ -63,7 +73,7 @@ export function Quarantine({ name }) {
         <Table.Root size="sm" variant="outline" data-testid="quarantine-table">
           <Table.Header>
             <Table.Row>
-              {perms.replay_quarantine && (
+              {selecting && (
                 <Table.ColumnHeader>
                   <input type="checkbox" aria-label="select all" checked={allSelected}
                          data-testid="select-all"
@@ -81,7 +91,7 @@ export function Quarantine({ name }) {
           <Table.Body>
             {messages.map((m) => (
               <Table.Row key={m.quarantine_id} data-testid="quarantine-row">
-                {perms.replay_quarantine && (
+                {selecting && (
                   <Table.Cell>
                     <input type="checkbox" aria-label={`select ${m.quarantine_id}`}
                            checked={selected.has(m.quarantine_id)}

@@ -1,8 +1,11 @@
 // The broker's pages, rendered by Airflow's UI at /plugin/broker. The page and queue are in
-// the query string (?queue=...&page=queue|quarantine), so each page has its own address.
-import { Box, Breadcrumb, ChakraProvider, defaultSystem } from "@chakra-ui/react";
+// the query string (?queue=...&page=queue|quarantine, ?page=health|conversations), so each
+// page has its own address.
+import { Box, Breadcrumb, Button, ChakraProvider, defaultSystem, HStack } from "@chakra-ui/react";
 import { useSearchParams } from "react-router-dom";
 
+import { Conversations } from "./Conversations";
+import { Health } from "./Health";
 import { Overview } from "./Overview";
 import { Quarantine } from "./Quarantine";
 import { Queue } from "./Queue";
@@ -10,11 +13,22 @@ import { Queue } from "./Queue";
 function Pages() {
   const [params, setParams] = useSearchParams();
   const queue = params.get("queue");
-  const page = queue ? params.get("page") || "queue" : "overview";
-  const open = (name, where) => setParams(name ? { queue: name, page: where } : {});
+  const top = params.get("page");
+  const page = queue ? top || "queue"
+    : top === "health" || top === "conversations" ? top : "overview";
+  const open = (name, where) => setParams(name ? { queue: name, page: where }
+    : where ? { page: where } : {});
 
   return (
     <Box p={4} data-testid="broker-ui">
+      <HStack mb={3}>
+        {[["overview", "Queues", "tab-queues"], ["conversations", "Conversations",
+          "to-conversations"], ["health", "Health", "to-health"]].map(([where, label, id]) => (
+          <Button key={where} size="xs" data-testid={id}
+                  variant={page === where || (where === "overview" && queue) ? "solid" : "outline"}
+                  onClick={() => open(null, where === "overview" ? null : where)}>{label}</Button>
+        ))}
+      </HStack>
       <Breadcrumb.Root mb={3}>
         <Breadcrumb.List>
           <Breadcrumb.Item>
@@ -40,6 +54,8 @@ function Pages() {
       {page === "overview" && <Overview open={open} />}
       {page === "queue" && <Queue name={queue} />}
       {page === "quarantine" && <Quarantine name={queue} />}
+      {page === "health" && <Health />}
+      {page === "conversations" && <Conversations />}
     </Box>
   );
 }

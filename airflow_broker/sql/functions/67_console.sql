@@ -1,0 +1,180 @@
+-- What the broker's pages in Airflow's UI (airflow_broker.ui) read and change, for any login:
+-- each function applies the broker's permission checks to the calling login, so the pages'
+-- login needs only broker permissions (docs/security.md, "The UI in Airflow"), never
+-- membership of the schema's owner.
+--
+-- As SQL Server's metadata visibility: a queue is listed to a login that owns it or holds any
+-- permission on it (VIEW DEFINITION included, on the queue or on the database). Its messages
+-- and its quarantine are shown to a login that may RECEIVE from it: SQL Server guards SELECT
+-- on a queue with a SELECT permission of its own, which the broker does not have, and RECEIVE
+-- (held by the queue's readers, implied by CONTROL and ownership) is the right to read those
+-- messages. Putting quarantined messages back is a reader's act (RECEIVE); enabling a queue
+-- is ALTER QUEUE's (ALTER on the queue, alter_queue()).
+
+-- Every queue the login may see: its state, depth and oldest ready message, its activated
+-- readers, its latest disable event and the size of its quarantine; and whether the login may
+-- RECEIVE from it and ALTER it, so the pages offer only what the broker would allow. The ids
+-- of the messages that made poison detection disable the queue are a reader's to know.
+CREATE OR REPLACE FUNCTION console_queues()
+RETURNS TABLE (name text, schema_name text, is_receive_enabled boolean, disabled_reason text,
+               disabled_at timestamp, is_activation_enabled boolean, max_readers integer,
+               ready_messages bigint, oldest_ready_at timestamp, readers_running bigint,
+               poison_reason text, poison_at timestamp, poison_message_ids uuid[],
+               quarantined bigint, may_receive boolean, may_alter boolean)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT q.name, q.schema_name, q.is_receive_enabled, q.disabled_reason, q.disabled_at,
+           q.is_activation_enabled, q.max_readers,
+           (SELECT count(*) FROM queue_messages m
+             WHERE m.queue_id = q.object_id AND m.status = 1),
+           (SELECT min(m.enqueued_at) FROM queue_messages m
+             WHERE m.queue_id = q.object_id AND m.status = 1),
+           (SELECT count(*) FROM activated_tasks t WHERE t.queue_id = q.object_id),
+           e.reason, e.disabled_at, CASE WHEN r.may_receive THEN e.message_ids END,
+           (SELECT count(*) FROM quarantine x
+             WHERE x.queue_id = q.object_id AND x.status IN ('quarantined', 'retrying')),
+           r.may_receive, r.may_alter
+      FROM queues q
+      CROSS JOIN LATERAL (
+          SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+                     AS may_receive,
+                 has_permission('ALTER', 1::smallint, q.object_id, q.principal_id)
+                     AS may_alter) r
+      LEFT JOIN LATERAL (
+          SELECT d.reason, d.disabled_at, d.message_ids FROM queue_disable_events d
+           WHERE d.queue_id = q.object_id ORDER BY d.event_id DESC LIMIT 1) e ON true
+     WHERE (SELECT is_broker_owner()) OR may_see(1::smallint, q.object_id, q.principal_id)
+     ORDER BY q.name, q.schema_name
+$$;
+
+-- The queue a console read or replay names, if the login may RECEIVE from it: 208 for a queue
+-- it may not see (as RECEIVE answers), 229 for one it sees without RECEIVE.
+CREATE OR REPLACE FUNCTION console_readable_queue(p_queue text) RETURNS queues
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues;
+BEGIN
+    SELECT * INTO q FROM visible_queue(p_queue);
+    IF q.object_id IS NULL THEN
+        PERFORM raise_error(208, coalesce(p_queue, 'NULL'));
+    END IF;
+    PERFORM require_on_queue('RECEIVE', q);
+    RETURN q;
+END
+$$;
+
+-- The messages waiting on a queue (received ones included), in RECEIVE's order within each
+-- conversation group, at most p_limit of them.
+CREATE OR REPLACE FUNCTION console_queue_messages(p_queue text, p_limit integer)
+RETURNS TABLE (conversation_group_id uuid, conversation_handle uuid,
+               message_sequence_number bigint, message_type_name text, status smallint,
+               priority smallint, enqueued_at timestamp, message_id uuid,
+               message_body bytea)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := console_readable_queue(p_queue);
+BEGIN
+    RETURN QUERY
+    SELECT m.conversation_group_id, m.conversation_handle, m.message_sequence_number,
+           t.name, m.status::smallint, m.priority::smallint, m.enqueued_at, m.message_id,
+           m.message_body
+      FROM queue_messages m
+      JOIN message_types t ON t.message_type_id = m.message_type_id
+     WHERE m.queue_id = q.object_id AND m.status IN (1, 2)
+     ORDER BY m.conversation_group_id, m.conversation_handle, m.precedence,
+              m.message_sequence_number
+     LIMIT p_limit;
+END
+$$;
+
+-- A queue's quarantined and parked (retrying) messages, oldest first.
+CREATE OR REPLACE FUNCTION console_quarantine(p_queue text)
+RETURNS TABLE (quarantine_id bigint, status text, quarantined_at timestamp, attempts integer,
+               conversation_handle uuid, message_type_name text,
+               message_sequence_number bigint, message_id uuid, message_body bytea,
+               error text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := console_readable_queue(p_queue);
+BEGIN
+    RETURN QUERY
+    SELECT x.quarantine_id, x.status, x.quarantined_at, x.attempts, x.conversation_handle,
+           x.message_type_name, x.message_sequence_number, x.message_id, x.message_body,
+           x.error
+      FROM quarantine x
+     WHERE x.queue_id = q.object_id AND x.status IN ('quarantined', 'retrying')
+     ORDER BY x.quarantined_at, x.quarantine_id;
+END
+$$;
+
+-- Puts quarantined messages of one queue back on their conversations, in order: a reader's
+-- act, so RECEIVE on the queue. An id that is not waiting in this queue's quarantine is, to
+-- this login, one that does not exist (15151), and nothing is replayed.
+CREATE OR REPLACE FUNCTION console_replay(p_queue text, p_quarantine_ids bigint[])
+RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := console_readable_queue(p_queue);
+    v_missing bigint;
+    v_id bigint;
+    v_count integer := 0;
+BEGIN
+    SELECT i INTO v_missing
+      FROM unnest(p_quarantine_ids) i
+     WHERE NOT EXISTS (SELECT 1 FROM quarantine x
+                        WHERE x.quarantine_id = i AND x.queue_id = q.object_id
+                          AND x.status IN ('quarantined', 'retrying'))
+     ORDER BY i LIMIT 1;
+    IF v_missing IS NOT NULL OR EXISTS (SELECT 1 FROM unnest(p_quarantine_ids) i
+                                         WHERE i IS NULL) THEN
+        PERFORM raise_error(15151, 'quarantined message', coalesce(v_missing::text, 'NULL'));
+    END IF;
+    FOR v_id IN SELECT DISTINCT i FROM unnest(p_quarantine_ids) i ORDER BY i LOOP
+        PERFORM replay_quarantined(v_id);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+-- The conversations the login may see, as conversation_endpoints shows them (RECEIVE on the
+-- queue of the conversation's own service), newest first, leaks flagged: CLOSED targets whose
+-- security timestamp was never set and whose lifetime is more than a month away
+-- (leaked_endpoints, 80_leaks.sql), which reclaim would not remove for decades. p_state
+-- (SQL Server's two-letter state), p_leaked_only and p_handle narrow the list.
+CREATE OR REPLACE FUNCTION console_conversations(p_state text, p_leaked_only boolean,
+                                                 p_limit integer, p_handle uuid DEFAULT NULL)
+RETURNS TABLE (conversation_handle uuid, conversation_id uuid, is_initiator boolean,
+               service_name text, far_service text, state text, state_desc text,
+               lifetime timestamp, created_at timestamp, is_leaked boolean)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT * FROM (
+        SELECT e.conversation_handle, e.conversation_id, e.is_initiator, s.name,
+               e.far_service, e.state::text,
+               CASE e.state
+                   WHEN 'SO' THEN 'STARTED_OUTBOUND' WHEN 'SI' THEN 'STARTED_INBOUND'
+                   WHEN 'CO' THEN 'CONVERSING' WHEN 'DI' THEN 'DISCONNECTED_INBOUND'
+                   WHEN 'DO' THEN 'DISCONNECTED_OUTBOUND' WHEN 'ER' THEN 'ERROR'
+                   WHEN 'CD' THEN 'CLOSED' END,
+               e.lifetime, e.created_at,
+               e.state = 'CD' AND NOT e.is_initiator AND e.security_timestamp = '1900-01-01'
+                   AND e.lifetime > (SELECT utc_now()) + interval '1 month' AS is_leaked
+          FROM endpoints e
+          JOIN service_defs s USING (service_id)
+          JOIN queues q ON q.object_id = s.service_queue_id
+         WHERE NOT e.is_system
+           AND (p_state IS NULL OR e.state = p_state)
+           AND (p_handle IS NULL OR e.conversation_handle = p_handle)
+           AND ((SELECT is_broker_owner())
+                OR has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id))) c
+     WHERE NOT coalesce(p_leaked_only, false) OR c.is_leaked
+     ORDER BY c.created_at DESC, c.conversation_handle
+     LIMIT p_limit
+$$;
+
+-- How many of those conversations are in each state, and how many are leaks.
+CREATE OR REPLACE FUNCTION console_conversation_counts()
+RETURNS TABLE (state text, endpoints bigint, leaked bigint)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT c.state, count(*), count(*) FILTER (WHERE c.is_leaked)
+      FROM console_conversations(NULL, false, NULL) c
+     GROUP BY c.state ORDER BY c.state
+$$;

@@ -1,0 +1,127 @@
+// The conversations the UI's login may see, by state, leaks flagged. END CONVERSATION WITH
+// CLEANUP never tells the peer, so it is offered for a leak alone, and only after the user
+// types the conversation's handle.
+import { Badge, Box, Button, Heading, HStack, Input, Table, Text } from "@chakra-ui/react";
+import { useState } from "react";
+
+import { getJson, postJson } from "./api";
+import { when } from "./format";
+import { Problem } from "./Problem";
+import { usePolling } from "./usePolling";
+
+const STATES = ["SO", "SI", "CO", "DI", "DO", "ER", "CD"];
+
+function Cleanup({ handle, done }) {
+  const [typed, setTyped] = useState(null);
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  if (typed === null) {
+    return (
+      <Button size="xs" variant="outline" colorPalette="red" data-testid="cleanup-start"
+              onClick={() => setTyped("")}>Clean up</Button>
+    );
+  }
+  const submit = async () => {
+    setBusy(true);
+    setError(null);
+    try {
+      await postJson(`conversations/${encodeURIComponent(handle)}/cleanup`, { confirm: typed });
+      await done();
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <Box>
+      <HStack>
+        <Input size="xs" minW="xs" placeholder="type the handle to confirm" value={typed}
+               onChange={(e) => setTyped(e.target.value)} data-testid="cleanup-confirm" />
+        <Button size="xs" colorPalette="red" loading={busy} disabled={typed.trim() !== handle}
+                onClick={submit} data-testid="cleanup-submit">END WITH CLEANUP</Button>
+        <Button size="xs" variant="ghost" onClick={() => setTyped(null)}>Cancel</Button>
+      </HStack>
+      <Problem error={error} />
+    </Box>
+  );
+}
+
+export function Conversations() {
+  const [state, setState] = useState("");
+  const [leakedOnly, setLeakedOnly] = useState(false);
+  const params = new URLSearchParams();
+  if (state) params.set("state", state);
+  if (leakedOnly) params.set("leaked", "true");
+  const query = params.toString() ? `?${params}` : "";
+  const { data, error, refresh } = usePolling(() => getJson(`conversations${query}`), [query]);
+  const perms = data ? data.permissions : {};
+
+  return (
+    <Box data-testid="broker-conversations">
+      <Heading size="lg" mb={2}>Conversations</Heading>
+      <Problem error={error} />
+      {data && (
+        <HStack mb={2} wrap="wrap" data-testid="conversation-counts">
+          {data.counts.map((c) => (
+            <Badge key={c.state} colorPalette={c.leaked ? "red" : "gray"}>
+              {c.state}: {c.endpoints}{c.leaked ? ` (${c.leaked} leaked)` : ""}
+            </Badge>
+          ))}
+        </HStack>
+      )}
+      <HStack mb={3}>
+        <select value={state} onChange={(e) => setState(e.target.value)}
+                data-testid="state-filter" aria-label="state">
+          <option value="">every state</option>
+          {STATES.map((s) => <option key={s} value={s}>{s}</option>)}
+        </select>
+        <label>
+          <input type="checkbox" checked={leakedOnly} data-testid="leaked-only"
+                 onChange={() => setLeakedOnly(!leakedOnly)} /> leaks only
+        </label>
+      </HStack>
+      {data && data.conversations.length === 0 && (
+        <Text data-testid="no-conversations">No conversations.</Text>
+      )}
+      {data && data.conversations.length > 0 && (
+        <Table.Root size="sm" variant="outline" data-testid="conversation-table">
+          <Table.Header>
+            <Table.Row>
+              <Table.ColumnHeader>Handle</Table.ColumnHeader>
+              <Table.ColumnHeader>Service</Table.ColumnHeader>
+              <Table.ColumnHeader>Far service</Table.ColumnHeader>
+              <Table.ColumnHeader>State</Table.ColumnHeader>
+              <Table.ColumnHeader>Created</Table.ColumnHeader>
+              <Table.ColumnHeader>Lifetime</Table.ColumnHeader>
+              <Table.ColumnHeader />
+            </Table.Row>
+          </Table.Header>
+          <Table.Body>
+            {data.conversations.map((c) => (
+              <Table.Row key={c.conversation_handle} data-testid="conversation-row"
+                         data-leaked={c.is_leaked ? "true" : "false"}
+                         bg={c.is_leaked ? "bg.error" : undefined}>
+                <Table.Cell fontFamily="mono" fontSize="xs">{c.conversation_handle}</Table.Cell>
+                <Table.Cell>{c.service_name}{c.is_initiator ? " (initiator)" : ""}</Table.Cell>
+                <Table.Cell>{c.far_service}</Table.Cell>
+                <Table.Cell>
+                  {c.state_desc}
+                  {c.is_leaked && <Badge ml={2} colorPalette="red" data-testid="leak-flag">leak</Badge>}
+                </Table.Cell>
+                <Table.Cell>{when(c.created_at)}</Table.Cell>
+                <Table.Cell>{when(c.lifetime)}</Table.Cell>
+                <Table.Cell>
+                  {c.is_leaked && perms.cleanup_conversation && (
+                    <Cleanup handle={c.conversation_handle} done={refresh} />
+                  )}
+                </Table.Cell>
+              </Table.Row>
+            ))}
+          </Table.Body>
+        </Table.Root>
+      )}
+      {data && data.truncated && <Text fontSize="sm" mt={2}>The newest 500 shown.</Text>}
+    </Box>
+  );
+}

@@ -1,0 +1,212 @@
+"""The broker's pages in Airflow's UI, logged in as docs/security.md's UI login: it sees the
+queues it may see (SQL Server's metadata visibility), reads a queue's messages and quarantine
+and replays with RECEIVE on it, enables with ALTER on it, and gets the broker's refusal,
+changing nothing, for everything else. airflow_broker.ui.console is what the pages' API
+calls; these run it as real logins holding only the documented grants."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from airflow_broker import Broker
+from airflow_broker._statements import runner_of
+from airflow_broker.errors import BrokerError
+from airflow_broker.ui import console
+from tests.support import roles
+from tests.support.privileges import Application, login, snapshot
+from tests.support.quarantine import PoisonedQueue, poisoned_queue
+
+A = Application("a_")
+B = Application("b_")
+QUEUE = "a_q_t"
+
+# docs/security.md, "The UI in Airflow".
+READ_ONLY_UI = (*roles.APPLICATION_GRANTS, roles.broker_grant("VIEW DEFINITION", "DATABASE"))
+
+
+@pytest.fixture
+def apps(owned_dsn: str) -> None:
+    with Broker(owned_dsn) as admin, admin.transaction() as tx:
+        A.create(tx)
+        B.create(tx)
+
+
+@pytest.fixture
+def poisoned(owned_dsn: str, apps: None) -> PoisonedQueue:
+    """A's target queue disabled by poison detection, with two messages in its quarantine and
+    one waiting; B's objects beside it."""
+    with Broker(owned_dsn) as admin:
+        return poisoned_queue(admin, "a_I", "a_T", "a_C", "a_Req", QUEUE,
+                              ["first", "second", "poison"], error="ValueError: bad trade")
+
+
+@contextmanager
+def ui_login(dsn: str, *grants: str) -> Iterator[Broker]:
+    with roles.role(dsn, *roles.APPLICATION_GRANTS, *grants, prefix="ui",
+                    login=True) as name, login(dsn, name) as broker:
+        yield broker
+
+
+def refused(call: Callable[[], Any]) -> int:
+    with pytest.raises(BrokerError) as error:
+        call()
+    return error.value.number
+
+
+def row(broker: Broker, name: str = QUEUE) -> dict[str, Any]:
+    [found] = [q for q in console.overview(broker) if q["name"] == name]
+    return found
+
+
+def test_a_login_with_no_permission_sees_no_queue(owned_dsn: str,
+                                                  poisoned: PoisonedQueue) -> None:
+    with ui_login(owned_dsn) as ui:
+        assert console.overview(ui) == []
+        # As for a queue that does not exist.
+        assert refused(lambda: console.queue_messages(ui, QUEUE, bodies=True)) == 208
+        assert refused(lambda: console.quarantine(ui, QUEUE, bodies=True)) == 208
+        assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
+
+
+def test_view_definition_on_one_queue_shows_that_queue_and_nothing_of_its_messages(
+        owned_dsn: str, poisoned: PoisonedQueue) -> None:
+    with ui_login(owned_dsn, roles.broker_grant("VIEW DEFINITION", f"QUEUE::{QUEUE}")) as ui:
+        before = snapshot(owned_dsn)
+        [queue] = console.overview(ui)
+        assert queue["name"] == QUEUE
+        assert (queue["enabled"], queue["disabled_reason"]) == (False, "POISON")
+        assert (queue["depth"], queue["quarantined"]) == (1, 2)
+        assert queue["oldest_message_at"] is not None
+        assert (queue["may_receive"], queue["may_alter"]) == (False, False)
+        # Which message poisoned the queue is a reader's to know.
+        assert queue["poison"]["message_ids"] == []
+        assert refused(lambda: console.queue_messages(ui, QUEUE, bodies=True)) == 229
+        assert refused(lambda: console.quarantine(ui, QUEUE, bodies=True)) == 229
+        assert refused(lambda: console.replay(ui, QUEUE, poisoned.quarantine_ids,
+                                              enable=False)) == 229
+        assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
+        # B's queue, which it may not see, is answered as one that does not exist.
+        assert refused(lambda: console.queue_messages(ui, "b_q_t", bodies=True)) == 208
+        assert snapshot(owned_dsn) == before
+
+
+def test_receive_reads_and_replays_but_does_not_enable(owned_dsn: str,
+                                                       poisoned: PoisonedQueue) -> None:
+    with ui_login(owned_dsn, roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}")) as ui:
+        assert [q["name"] for q in console.overview(ui)] == [QUEUE]
+        queue = row(ui)
+        assert (queue["may_receive"], queue["may_alter"]) == (True, False)
+        assert queue["poison"]["message_ids"] == [str(poisoned.poison_message_id)]
+        [group] = console.queue_messages(ui, QUEUE, bodies=True)["groups"]
+        assert [m["body"] for m in group["messages"]] == ["poison"]
+        quarantined = console.quarantine(ui, QUEUE, bodies=True)
+        assert [m["quarantine_id"] for m in quarantined] == poisoned.quarantine_ids
+        assert [m["body"] for m in quarantined] == ["first", "second"]
+        # Replay and enable is both or neither: without ALTER, neither.
+        assert refused(lambda: console.replay_and_enable(
+            ui, QUEUE, poisoned.quarantine_ids)) == 15151
+        assert (row(ui)["quarantined"], row(ui)["depth"]) == (2, 1)
+        assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
+        assert console.replay(ui, QUEUE, poisoned.quarantine_ids, enable=False) == 2
+        queue = row(ui)
+        assert (queue["enabled"], queue["quarantined"], queue["depth"]) == (False, 0, 3)
+
+
+def test_replay_takes_only_messages_of_the_queues_own_quarantine(
+        owned_dsn: str, poisoned: PoisonedQueue) -> None:
+    with Broker(owned_dsn) as admin:
+        others = poisoned_queue(admin, "b_I", "b_T", "b_C", "b_Req", "b_q_t",
+                                ["other", "poison"], error="KeyError")
+    with ui_login(owned_dsn, roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}")) as ui:
+        with pytest.raises(console.NotQuarantined):
+            console.replay(ui, QUEUE, others.quarantine_ids, enable=False)
+        # The broker's own check, for a caller that skips the console's.
+        with pytest.raises(BrokerError) as error, ui.transaction() as tx:
+            runner_of(tx).run(b"SELECT broker.console_replay(%s, %s::bigint[])",
+                              [QUEUE, others.quarantine_ids])
+        assert error.value.number == 15151
+        assert str(others.quarantine_ids[0]) in str(error.value)
+    with Broker(owned_dsn) as admin:
+        assert len(console.quarantine(admin, "b_q_t", bodies=False)) == 1
+
+
+def test_alter_enables_and_disables_but_reads_nothing(owned_dsn: str,
+                                                      poisoned: PoisonedQueue) -> None:
+    with ui_login(owned_dsn, roles.broker_grant("ALTER", f"QUEUE::{QUEUE}")) as ui:
+        queue = row(ui)
+        assert (queue["may_receive"], queue["may_alter"]) == (False, True)
+        console.set_queue_status(ui, QUEUE, True)
+        assert row(ui)["enabled"] is True
+        console.set_queue_status(ui, QUEUE, False)
+        assert (row(ui)["enabled"], row(ui)["disabled_reason"]) == (False, "ADMIN")
+        assert refused(lambda: console.quarantine(ui, QUEUE, bodies=True)) == 229
+        assert refused(lambda: console.set_queue_status(ui, "b_q_t", True)) == 15151
+
+
+def test_the_documented_read_only_ui_sees_every_queue_and_reads_none(
+        owned_dsn: str, poisoned: PoisonedQueue) -> None:
+    with ui_login(owned_dsn, *READ_ONLY_UI) as ui:
+        names = {q["name"] for q in console.overview(ui)}
+        assert {"a_q_i", "a_q_t", "b_q_i", "b_q_t"} <= names
+        assert refused(lambda: console.queue_messages(ui, QUEUE, bodies=True)) == 229
+        assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
+
+
+def test_the_documented_operator_ui_replays_and_enables_and_the_queue_drains(
+        owned_dsn: str, poisoned: PoisonedQueue) -> None:
+    operator = (*READ_ONLY_UI, roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}"),
+                roles.broker_grant("ALTER", f"QUEUE::{QUEUE}"))
+    with ui_login(owned_dsn, *operator) as ui:
+        assert console.replay_and_enable(ui, QUEUE, poisoned.quarantine_ids) == 2
+        queue = row(ui)
+        assert (queue["enabled"], queue["quarantined"], queue["depth"]) == (True, 0, 3)
+    with Broker(owned_dsn) as admin, admin.transaction() as tx:
+        assert [m.text() for m in tx.receive(QUEUE, 10)] == ["first", "second", "poison"]
+
+
+def leak(broker: Broker, prefix: str) -> uuid.UUID:
+    """The fire-and-forget leak: the initiator ends at once, the target ends on EndDialog and
+    its CLOSED endpoint waits out a lifetime of decades. Returns the target's handle."""
+    with broker.transaction() as tx:
+        handle = tx.begin_dialog(f"{prefix}I", f"{prefix}T", f"{prefix}C")
+        tx.send(handle, f"{prefix}Req", "fire")
+        tx.end_conversation(handle)
+    with broker.transaction() as tx:
+        received = tx.receive(f"{prefix}q_t")
+        tx.end_conversation(received[0].conversation_handle)
+    return received[0].conversation_handle
+
+
+def test_conversations_show_a_reader_its_own_services_leaks_and_cleanup_is_the_owners(
+        owned_dsn: str, apps: None) -> None:
+    with Broker(owned_dsn) as admin:
+        a_leak, b_leak = leak(admin, "a_"), leak(admin, "b_")
+    with ui_login(owned_dsn, roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}")) as ui:
+        shown = console.conversations(ui)
+        handles = {c["conversation_handle"]: c for c in shown["conversations"]}
+        assert str(b_leak) not in handles
+        assert handles[str(a_leak)]["is_leaked"] is True
+        assert handles[str(a_leak)]["state_desc"] == "CLOSED"
+        assert {c["service_name"] for c in shown["conversations"]} == {"a_T"}
+        leaks = console.conversations(ui, leaked_only=True)["conversations"]
+        assert [c["conversation_handle"] for c in leaks] == [str(a_leak)]
+        assert {"state": "CD", "endpoints": 1, "leaked": 1} in shown["counts"]
+        # WITH CLEANUP is the schema owner's: RECEIVE is not enough (229).
+        assert refused(lambda: console.cleanup_leak(ui, a_leak, str(a_leak))) == 229
+        # Another's leak is, to this login, a conversation that does not exist.
+        assert refused(lambda: console.cleanup_leak(ui, b_leak, str(b_leak))) == 8426
+        assert len(console.conversations(ui, leaked_only=True)["conversations"]) == 1
+    with ui_login(owned_dsn) as nobody:
+        assert console.conversations(nobody) == {"conversations": [], "truncated": False,
+                                                 "counts": []}
+    with Broker(owned_dsn) as admin:
+        with pytest.raises(console.NotConfirmed):
+            console.cleanup_leak(admin, a_leak, None)
+        console.cleanup_leak(admin, a_leak, str(a_leak))
+        assert [c["conversation_handle"] for c in console.conversations(
+            admin, leaked_only=True)["conversations"]] == [str(b_leak)]
