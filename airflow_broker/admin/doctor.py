@@ -1,19 +1,23 @@
 """``airflow-broker doctor``: the checks an administrator makes by hand, each finding with what
-it means and how to fix it."""
+it means and how to fix it. Its findings and report (admin/findings.py) are read by name from
+here too, hence the re-exports below."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 
 from airflow_broker import migrations
 from airflow_broker.admin import postgres_releases as releases
+from airflow_broker.admin.findings import ERROR as ERROR
+from airflow_broker.admin.findings import INFO as INFO
+from airflow_broker.admin.findings import WARNING as WARNING
+from airflow_broker.admin.findings import Check, rows
+from airflow_broker.admin.findings import Finding as Finding
+from airflow_broker.admin.findings import Report as Report
 from airflow_broker.broker import Broker
 from airflow_broker.errors import AddressError
 from airflow_broker.messages import MAX_MESSAGE_SIZE
@@ -22,68 +26,6 @@ from airflow_broker.redaction import redact
 from airflow_broker.worker.activation import activation_command, is_python_target, load_target
 from airflow_broker.worker.procedures import is_procedure_target
 from airflow_broker.worker.transport import resolve_address
-
-ERROR = "error"
-WARNING = "warning"
-INFO = "info"
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str
-    check: str
-    subject: str
-    problem: str
-    fix: str
-
-    def __post_init__(self) -> None:
-        # Findings quote addresses and driver errors; the report never shows a password.
-        for name in ("subject", "problem", "fix"):
-            object.__setattr__(self, name, redact(getattr(self, name)))
-
-
-@dataclass
-class Report:
-    schema: str
-    findings: list[Finding] = field(default_factory=list)
-    checks_run: list[str] = field(default_factory=list)
-    # Checks the login could not run (it lacks the schema owner's rights): no finding of
-    # theirs means nothing then.
-    not_checked: list[str] = field(default_factory=list)
-
-    @property
-    def healthy(self) -> bool:
-        return not any(f.severity in (ERROR, WARNING) for f in self.findings)
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "schema": self.schema,
-            "healthy": self.healthy,
-            "checks": self.checks_run,
-            "not_checked": self.not_checked,
-            "findings": [dataclasses.asdict(f) for f in self.findings],
-        }, indent=2, default=str)
-
-    def to_text(self) -> str:
-        lines = [f"airflow-broker doctor: schema {self.schema}, {len(self.checks_run)} checks"]
-        if not self.findings:
-            lines.append("  everything looks right")
-        for f in sorted(self.findings, key=lambda f: (f.severity != ERROR,
-                                                      f.severity != WARNING)):
-            lines.append(f"  [{f.severity.upper()}] {f.check}: {f.subject}")
-            lines.append(f"      {f.problem}")
-            lines.append(f"      fix: {f.fix}")
-        lines.append("healthy" if self.healthy else "problems found")
-        return "\n".join(lines)
-
-
-Check = Callable[[psycopg.Connection[tuple[Any, ...]], str], Iterator[Finding]]
-
-
-def _rows(conn: psycopg.Connection[tuple[Any, ...]], query: str, schema: str,
-          params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """The rows of the named query ``query`` (sql/queries/doctor.sql)."""
-    return conn.execute(Queries(schema)[query], params).fetchall()
 
 
 def release_finding(version_num: int, today: dt.date) -> Finding | None:
@@ -119,10 +61,10 @@ def check_server(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iter
 
 
 def check_queues(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for name, receive, enqueue, reason, since, ready in _rows(conn, "doctor_disabled_queues",
+    for name, receive, enqueue, reason, since, ready in rows(conn, "doctor_disabled_queues",
                                                               schema):
         if reason == "POISON":
-            detail = _rows(conn, "doctor_last_disable_event",
+            detail = rows(conn, "doctor_last_disable_event",
                            schema, (name,))
             why = detail[0][0] if detail else "poison-message detection"
             ids = ", ".join(str(m) for m in (detail[0][1] if detail else []))
@@ -149,7 +91,7 @@ def check_oversized_messages(conn: psycopg.Connection[tuple[Any, ...]],
     # SEND refuses bodies over the maximum (50122), so these predate the limit. The biggest
     # cannot be received at all: RECEIVE's output passes PostgreSQL's 1 GB limit and fails on
     # every try, before poison detection can count it, and the queue stops without a word.
-    for name, messages, largest, handles in _rows(conn, "doctor_oversized_messages", schema):
+    for name, messages, largest, handles in rows(conn, "doctor_oversized_messages", schema):
         yield Finding(
             ERROR, "messages", name,
             f"{messages} message(s) larger than the maximum message size of "
@@ -161,7 +103,7 @@ def check_oversized_messages(conn: psycopg.Connection[tuple[Any, ...]],
 
 
 def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for name, enabled, procedure, readers in _rows(conn, "doctor_activation_settings", schema):
+    for name, enabled, procedure, readers in rows(conn, "doctor_activation_settings", schema):
         if enabled and not procedure:
             yield Finding(ERROR, "activation", name,
                           "activation is on but no procedure is configured",
@@ -172,7 +114,7 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                           "(warning 9648)",
                           "ALTER QUEUE ... WITH ACTIVATION (MAX_QUEUE_READERS = n)")
         if procedure and is_procedure_target(procedure):
-            if not _rows(conn, "doctor_procedure_exists", schema, (procedure,)):
+            if not rows(conn, "doctor_procedure_exists", schema, (procedure,)):
                 yield Finding(ERROR if enabled else WARNING, "activation", name,
                               f"the activation procedure {procedure!r} is no PostgreSQL "
                               "procedure without arguments in this database",
@@ -195,7 +137,7 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                               f"the worker can start: {exc}",
                               "ALTER QUEUE ... WITH ACTIVATION (PROCEDURE_NAME = ...) with "
                               "balanced quotes, or a package.module:function")
-    for name, role, exists in _rows(conn, "doctor_reader_roles", schema):
+    for name, role, exists in rows(conn, "doctor_reader_roles", schema):
         yield Finding(ERROR, "activation", name,
                       f"its readers log in as EXECUTE AS role {role!r}, which "
                       + ("cannot log in" if exists else "does not exist"),
@@ -203,7 +145,7 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
                       "broker worker's PGPASSFILE (or a pg_hba.conf rule for it)")
     # What the worker last did for each activated queue: a procedure it could not or may not
     # start is refused there, every pass, in its log; here it is said once, with the fix.
-    for name, error in _rows(conn, "doctor_last_activation", schema):
+    for name, error in rows(conn, "doctor_last_activation", schema):
         if error and error.startswith("could not start"):
             yield Finding(ERROR, "activation", name,
                           f"the broker worker did not start the activation procedure: {error}",
@@ -213,7 +155,7 @@ def check_activation(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> 
 
 
 def check_monitors(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for name, stuck_for, last_activated in _rows(conn, "doctor_stuck_monitors", schema):
+    for name, stuck_for, last_activated in rows(conn, "doctor_stuck_monitors", schema):
         yield Finding(
             ERROR, "queue monitors", name,
             f"the queue monitor has been NOTIFIED for {stuck_for} (reader started at "
@@ -221,13 +163,13 @@ def check_monitors(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> It
             "reader does not RECEIVE from this queue, so activation will not start it again",
             "fix the reader, then recycle the monitor: ALTER QUEUE ... WITH ACTIVATION "
             "(STATUS = OFF), then (STATUS = ON)")
-    for name, state, since in _rows(conn, "doctor_queue_monitors", schema):
+    for name, state, since in rows(conn, "doctor_queue_monitors", schema):
         yield Finding(INFO, "queue monitors", name, f"monitor {state} since {since}",
                       "nothing to do")
 
 
 def check_leaks(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for service, far_service, leaked, oldest in _rows(conn, "doctor_leaked_endpoints", schema):
+    for service, far_service, leaked, oldest in rows(conn, "doctor_leaked_endpoints", schema):
         yield Finding(
             WARNING, "endpoint leaks", f"{service} <- {far_service}",
             f"{leaked} CLOSED target endpoints that will not be reclaimed for decades (oldest "
@@ -239,9 +181,9 @@ def check_leaks(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Itera
 
 def check_transmission_queue(conn: psycopg.Connection[tuple[Any, ...]],
                              schema: str) -> Iterator[Finding]:
-    for to_service, status, waiting, oldest, attempts, next_attempt in _rows(
+    for to_service, status, waiting, oldest, attempts, next_attempt in rows(
             conn, "doctor_transmission_queue", schema):
-        near = _rows(conn, "doctor_services_alike",
+        near = rows(conn, "doctor_services_alike",
                      schema, (to_service, to_service))
         hint = (f" A service named {near[0][0]!r} exists: TO SERVICE names match byte for byte, "
                 "case included." if near else "")
@@ -257,8 +199,8 @@ def check_routes(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iter
     """Routes in both directions: every route's far broker is reachable, has the service, and
     has a route back to each local service that talks to it (without one, messages arrive
     but are never acknowledged and are sent again for ever)."""
-    me = str(_rows(conn, "doctor_broker_instance", schema)[0][0])
-    for far_service, in _rows(conn, "doctor_unrouted_far_services", schema):
+    me = str(rows(conn, "doctor_broker_instance", schema)[0][0])
+    for far_service, in rows(conn, "doctor_unrouted_far_services", schema):
         yield Finding(
             ERROR, "routes", far_service,
             "conversations with this service in another broker have no route to it: "
@@ -266,11 +208,11 @@ def check_routes(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iter
             "acknowledged",
             f"CREATE ROUTE ... WITH SERVICE_NAME = '{far_service}', ADDRESS = "
             "'postgresql://...' (create_route)")
-    for name, service, instance, address in _rows(conn, "doctor_remote_routes", schema):
-        senders = [r[0] for r in _rows(conn, "doctor_route_senders", schema,
+    for name, service, instance, address in rows(conn, "doctor_remote_routes", schema):
+        senders = [r[0] for r in rows(conn, "doctor_route_senders", schema,
                                        (service, service, service, service))]
         yield from _check_far_broker(name, service, instance, address, me, senders)
-    for far_service, status, waiting in _rows(conn, "doctor_unacknowledged", schema):
+    for far_service, status, waiting in rows(conn, "doctor_unacknowledged", schema):
         yield Finding(
             ERROR, "routes", far_service,
             f"{waiting} conversations cannot acknowledge what {far_service!r} sent them: "
@@ -335,7 +277,7 @@ def _check_far_broker(route: str, service: str | None, instance: str | None, add
 
 
 def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> Iterator[Finding]:
-    for service, far_service, refused in _rows(conn, "doctor_refused_contracts_audited", schema):
+    for service, far_service, refused in rows(conn, "doctor_refused_contracts_audited", schema):
         yield Finding(
             ERROR, "services", service,
             f"{refused} dialogs from {far_service} were refused (-8408) because the service "
@@ -343,14 +285,14 @@ def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> It
             "table saw the errors",
             "ALTER SERVICE ... (ADD CONTRACT ...) on the target, or begin dialogs on a contract "
             "it accepts")
-    for service, contract, in_error in _rows(conn, "doctor_refused_contracts_waiting", schema):
+    for service, contract, in_error in rows(conn, "doctor_refused_contracts_waiting", schema):
         yield Finding(
             ERROR, "services", service,
             f"does not accept contract {contract!r}: {in_error} dialogs to it ended in error "
             "-8408",
             f"ALTER SERVICE [{service}] (ADD CONTRACT [{contract}]), or begin dialogs on a "
             "contract it accepts")
-    for name, service in _rows(conn, "doctor_notifications_without_contract", schema):
+    for name, service in rows(conn, "doctor_notifications_without_contract", schema):
         yield Finding(
             ERROR, "event notifications", name,
             f"its service {service!r} does not exist or does not accept the contract "
@@ -361,7 +303,7 @@ def check_services(conn: psycopg.Connection[tuple[Any, ...]], schema: str) -> It
 
 def check_permissions(conn: psycopg.Connection[tuple[Any, ...]],
                       schema: str) -> Iterator[Finding]:
-    for grantee, tables in _rows(conn, "doctor_table_grants", schema):
+    for grantee, tables in rows(conn, "doctor_table_grants", schema):
         yield Finding(
             ERROR, "permissions", grantee,
             f"holds rights on the broker's tables ({tables}), which pass by every SEND, "
