@@ -69,6 +69,16 @@ def triggerer_log(deployment: Deployment) -> str:
     return deployment.components["triggerer"].log_path.read_text(errors="replace")
 
 
+def reconnections(deployment: Deployment, name: str, since: int) -> list[str]:
+    """The lines of a component's log, from byte ``since`` on, that tell of a connection back
+    after an outage (airflow_broker/reconnect.py)."""
+    with deployment.components[name].log_path.open("rb") as log:
+        log.seek(since)
+        text = log.read().decode(errors="replace")
+    return [line.strip() for line in text.splitlines()
+            if "reconnected to PostgreSQL after" in line]
+
+
 def queued(dsn: str, queue: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(f'SELECT count(*) FROM "{queue}"').fetchone()
@@ -116,6 +126,8 @@ def test_a_fault_of_the_brokers_server_loses_duplicates_and_stops_nothing(
         airflow_api.wait_for_dag(dag_id)
         airflow_api.unpause(dag_id)
     producer_failures = triggerer_log(airflow_deployment).count(PRODUCER_FAILED)
+    log_sizes = {name: c.log_path.stat().st_size
+                 for name, c in airflow_deployment.components.items()}
 
     # (a) A sensor deferred on its queue.
     wait_run = airflow_api.trigger("s_wait")
@@ -161,10 +173,18 @@ def test_a_fault_of_the_brokers_server_loses_duplicates_and_stops_nothing(
     print(f"\n{fault_name}: the fault took {back - faulted:.1f} s; the first message sent"
           f" after it was processed {progressed - back:.1f} s later; everything was done"
           f" {done - back:.1f} s after it")
+    for name, size in log_sizes.items():
+        for line in reconnections(airflow_deployment, name, size):
+            print(f"  {name}: {line}")
 
     # No component of the deployment exited, and none had to be restarted.
     assert airflow_deployment.dead() == []
     assert all(c.starts == 1 for c in airflow_deployment.components.values())
+    # The watcher's stream lost its connection and got it back in place, not through a new
+    # shared-stream group.
+    assert any("broker stream on SystemBurstQueue" in line
+               for line in reconnections(airflow_deployment, "triggerer",
+                                         log_sizes["triggerer"]))
     assert triggerer_log(airflow_deployment).count(PRODUCER_FAILED) == producer_failures
 
     assert_exactly_once(airflow_api, airflow_deployment, dsn, "s_burst", handles, label)
