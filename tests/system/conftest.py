@@ -4,14 +4,16 @@ fixtures are tests/fixtures/system.py."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.system import FAILED_KEY, HOME_KEY, TIMINGS_KEY
+from airflow_broker import Broker
+from tests.fixtures.system import FAILED_KEY, HOME_KEY, TIMINGS_KEY, SystemDatabases
 from tests.support.deployment import Deployment
+from tests.support.system_events import set_up_events_app
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,3 +46,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     home = config.stash.get(HOME_KEY, None)
     if home is not None and home.exists():
         terminalreporter.write_line(f"system deployment files kept in {home}")
+
+
+@pytest.fixture(scope="session")
+def events_app(system_databases: SystemDatabases) -> Iterator[Broker]:
+    """The application of tests/system/dags/s_events.py, set up once for the modules that
+    use it (tests/support/system_events.py)."""
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        set_up_events_app(broker, system_databases)
+        yield broker

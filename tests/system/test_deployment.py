@@ -4,9 +4,7 @@ metadata) with the project installed from its wheel."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -16,9 +14,7 @@ from tests.fixtures.system import SystemDatabases
 from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
-
-ORDER = "//Shop/Order"
-CONFIRMATION = "//Shop/OrderConfirmation"
+from tests.support.system_events import confirmations, place_orders
 
 
 @pytest.fixture
@@ -65,18 +61,6 @@ def test_enable_queue_dag_through_the_api(airflow_api: AirflowApi, broker: Broke
         tx.end_conversation(message.conversation_handle)
 
 
-def confirmations(dsn: str, handles: list[str]) -> list[dict[str, Any]]:
-    """The confirmations waiting on ShopClientQueue for these conversations, each with the
-    handle it arrived on."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT conversation_handle::text, convert_from(message_body, 'UTF8')"
-            " FROM \"ShopClientQueue\" WHERE message_type_name = %s"
-            " AND conversation_handle = ANY(%s::uuid[]) ORDER BY queuing_order",
-            [CONFIRMATION, handles]).fetchall()
-    return [{**json.loads(body), "handle": handle} for handle, body in rows]
-
-
 def test_event_driven_orders_processed_once_each(airflow_api: AirflowApi,
                                                  airflow_deployment: Deployment,
                                                  broker: Broker,
@@ -90,14 +74,8 @@ def test_event_driven_orders_processed_once_each(airflow_api: AirflowApi,
     airflow_api.unpause("broker_orders")
 
     orders = [f"S-{n}" for n in range(1, 6)]
-    handles: dict[str, str] = {}
     # All orders in one transaction: each must still get a DAG run of its own.
-    with broker.transaction() as tx:
-        for order_id in orders:
-            handle = tx.begin_dialog("//Shop/ClientService", "//Shop/OrderService",
-                                     "//Shop/OrderContract")
-            tx.send(handle, ORDER, json.dumps({"order_id": order_id, "item": "widget"}))
-            handles[order_id] = str(handle)
+    handles = place_orders(broker, orders)
     ours = list(handles.values())
 
     airflow_deployment.wait_for(lambda: len(confirmations(dsn, ours)) >= len(orders),
