@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for folder in ("airflow_broker", "hooks", "operators", "sensors", "triggers",
                             "notifications", "queues")
            for p in (ROOT / folder).rglob("*.py")]
-# queries["name"], _rows(conn, "name", ...), self.rows("name", ...), self._query("name")
-NAMED = re.compile(r'(?:queries\[|_rows\(\s*(?:conn,\s*)?|\.rows\(\s*|_query\(\s*)"(\w+)"')
+# queries["name"], rows(conn, "name", ...), self._rows("name", ...), self.rows("name", ...),
+# self._query("name")
+NAMED = re.compile(r'(?:queries\[|\b_?rows\(\s*(?:conn,\s*)?|\.rows\(\s*|_query\(\s*)"(\w+)"')
 # Filled in with Python's bytes formatting, not sent with parameters.
 FORMATTED = {"resolve_receives": 1}
 
