@@ -25,7 +25,7 @@ import pytest
 from airflow_broker import Broker, Message
 from airflow_broker.reconnect import connection_lost, retry_while_disconnected
 from airflow_broker.worker import BrokerWorker
-from tests.support.brokers import App
+from tests.support.brokers import App, standard_application
 from tests.support.helpers import count, wait_until
 from tests.support.standby_pair import StandbyPair
 
@@ -33,23 +33,11 @@ ROOT = str(Path(__file__).resolve().parents[2])
 CONVERSATIONS = 4
 
 
-def deploy(broker: Broker) -> App:
-    with broker.transaction() as tx:
-        tx.create_message_type("Req")
-        tx.create_message_type("Resp")
-        tx.create_contract("C", {"Req": "INITIATOR", "Resp": "TARGET"})
-        tx.create_queue("q_i")
-        tx.create_queue("q_t")
-        tx.create_service("I", "q_i")
-        tx.create_service("T", "q_t", ["C", "DEFAULT"])
-    return App(broker)
-
-
 @pytest.fixture
 def app(standby_pair: StandbyPair) -> Iterator[App]:
     broker = Broker(standby_pair.dsn, poll_interval=0.2)
     try:
-        yield deploy(broker)
+        yield standard_application(broker)
     finally:
         broker.close()
 

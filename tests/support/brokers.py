@@ -31,6 +31,20 @@ def deploy_application(broker: Broker, *, initiator: bool = True, target: bool =
             tx.create_service("T", "q_t", ["C"])
 
 
+def standard_application(broker: Broker) -> App:
+    """The tests' application: message types Req and Resp, contract C, queues q_i and q_t, and
+    services I and T (T also takes DEFAULT, for timers and plain messages)."""
+    with broker.transaction() as tx:
+        tx.create_message_type("Req")
+        tx.create_message_type("Resp")
+        tx.create_contract("C", {"Req": "INITIATOR", "Resp": "TARGET"})
+        tx.create_queue("q_i")
+        tx.create_queue("q_t")
+        tx.create_service("I", "q_i")
+        tx.create_service("T", "q_t", ["C", "DEFAULT"])
+    return App(broker)
+
+
 @dataclass
 class Pair:
     a: Broker
