@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import platformdirs
@@ -29,6 +31,20 @@ dag = build_demo_dag()
 '''
 RESULT_MARKER = "DEMO_RESULT "
 
+
+
+@contextmanager
+def demo_database(dsn: str | None) -> Iterator[str]:
+    """The DSN given, or the embedded PostgreSQL's, started here and released at the end."""
+    if dsn is not None:
+        yield dsn
+        return
+    say("- starting the embedded PostgreSQL")
+    server = EmbeddedPostgres()
+    try:
+        yield server.ensure_database()
+    finally:
+        server.release()
 
 
 def broker_connection(dsn: str) -> str:
@@ -68,12 +84,7 @@ def run_demo(dsn: str | None = None, *, accounts: int = 100, trades_per_account:
         say("Spark needs Java 17 on PATH (on Debian: apt-get install openjdk-17-jre-headless); "
             "`airflow-broker demo --engine-only` runs without it")
         return 1
-    server = None
-    if dsn is None:
-        say("- starting the embedded PostgreSQL")
-        server = EmbeddedPostgres()
-        dsn = server.ensure_database()
-    try:
+    with demo_database(dsn) as dsn:
         env = prepare(dsn)
         say("- preparing Airflow's metadata database (the first run takes a minute)")
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env,
@@ -105,9 +116,6 @@ def run_demo(dsn: str | None = None, *, accounts: int = 100, trades_per_account:
               and result["in_order"] and result["alerts"] == 1 and result["quarantined"] > 0
               and result["endpoints_left"] == 0)
         return 0 if ok else 1
-    finally:
-        if server is not None:
-            server.release()
 
 
 def _child(argv: list[str]) -> int:

@@ -33,9 +33,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from airflow_broker.demos.airflow_demo import DAG_FILE, broker_connection
+from airflow_broker.demos.airflow_demo import DAG_FILE, broker_connection, demo_database
 from airflow_broker.demos.output import say
-from airflow_broker.embedded import EmbeddedPostgres
 
 DAG_ID = "broker_trading_demo"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -222,12 +221,7 @@ def run_ui_demo(dsn: str | None = None, *, accounts: int = 100, trades_per_accou
     home = demo_home()
     (home / "dags").mkdir(parents=True, exist_ok=True)
     (home / "dags" / "broker_trading_demo.py").write_text(DAG_FILE)
-    server = None
-    if dsn is None:
-        say("- starting the embedded PostgreSQL")
-        server = EmbeddedPostgres()
-        dsn = server.ensure_database()
-    try:
+    with demo_database(dsn) as dsn:
         port = port or free_port()
         env = deployment_env(home, dsn, ensure_meta_database(dsn), port, kept_secrets(home))
         say("- preparing Airflow's metadata database (the first run takes a minute)")
@@ -250,9 +244,6 @@ def run_ui_demo(dsn: str | None = None, *, accounts: int = 100, trades_per_accou
                 f"http://127.0.0.1:{port}/plugin/broker)")
             say(f"  login: {USERNAME}, password in {home / 'demo-secrets.json'}")
             return _watch(api, run_id, processes, home, until_done)
-    finally:
-        if server is not None:
-            server.release()
 
 
 def _watch(api: Api, run_id: str, processes: dict[str, subprocess.Popen[bytes]], home: Path,
