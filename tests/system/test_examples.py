@@ -99,8 +99,17 @@ def test_spark_readers_activated_by_event_notification(
     for run in runs:
         finished = airflow_api.wait_for_run("broker_spark_readers", run["dag_run_id"])
         succeeded(airflow_api, "broker_spark_readers", finished)
-    # Paused only now: a paused DAG's running runs do not go on.
+    # Paused only now: a paused DAG's running runs do not go on. The queue monitor may have
+    # asked for more readers while the first ones started (a run created after the listing
+    # above): the later tests send to BrokerageQueue, so every run still going must end first
+    # (queued runs of a paused DAG never start).
     airflow_api.set_paused("broker_spark_readers", True)
+    airflow_deployment.wait_for(
+        lambda: not airflow_api.dag_runs("broker_spark_readers", state="running"),
+        "the last reader run of broker_spark_readers finished")
+    for run in airflow_api.dag_runs("broker_spark_readers", state="success"):
+        succeeded(airflow_api, "broker_spark_readers", run)
+    assert not airflow_api.dag_runs("broker_spark_readers", state="failed")
 
 
 def finished_runs(api: AirflowApi, deployment: Deployment, dag_id: str) -> list[dict[str, Any]]:
@@ -156,9 +165,10 @@ def test_queue_alert_email_then_enable_and_maintenance(
     with broker.transaction() as tx:
         handle = tx.begin_dialog(TRADER_SERVICE, BROKERAGE_SERVICE, CONTRACT)
         tx.send(handle, TRADE_ENTRY, "<trade id='666'><symbol>BAD</symbol></trade>")
-    for _ in range(5):
+    for attempt in range(5):
         with pytest.raises(RuntimeError), broker.transaction() as tx:
-            assert tx.receive("BrokerageQueue", 1)
+            # No reader of an earlier test may still read BrokerageQueue.
+            assert tx.receive("BrokerageQueue", 1), f"receive {attempt + 1} found no trade"
             raise RuntimeError("the reader cannot process this trade")
     airflow_deployment.wait_for(lambda: bool(system_mailbox.messages), "the alert e-mail")
     mail = system_mailbox.messages[0]
