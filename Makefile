@@ -28,7 +28,7 @@ test: $(STAMP)
 # resolution: Airflow 3.3.0, the Spark provider 5.6.0 and PySpark 3.5, psycopg 3.2, ...) in a
 # virtual environment of their own, on the tiers versions concern: the engine, least-privilege
 # and Airflow tiers and the Spark readers' real jobs on local[2] (the other soak and crash
-# tests and the system tier run with constraints.txt only). The server is the one
+# tests, the benchmarks' smoke run and the system tier run with constraints.txt only). The server is the one
 # AIRFLOW_BROKER_TEST_DSN names when it is set (.ci/run gives it the oldest PostgreSQL this
 # machine's packages have), else the embedded one.
 LOWEST := .venv-lowest
@@ -39,7 +39,8 @@ test-lowest: $(STAMP)
 		-e '.[$(EXTRAS)]'
 	$(LOWEST)/bin/python -c 'import airflow, pyspark, psycopg; print("lowest versions: Airflow",\
 		airflow.__version__, "PySpark", pyspark.__version__, "psycopg", psycopg.__version__)'
-	$(LOWEST)/bin/pytest -m "not system and not slow" tests/integration tests/least_privilege
+	$(LOWEST)/bin/pytest -m "not system and not slow" tests/integration tests/least_privilege \
+		--ignore=tests/integration/test_bench_smoke.py
 	$(LOWEST)/bin/pytest -m slow tests/integration/test_spark_reader.py \
 		tests/integration/airflow/test_spark_operator.py
 
