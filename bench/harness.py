@@ -276,13 +276,20 @@ def database(options: Options) -> Iterator[tuple[str, bool]]:
     if configured:
         yield configured, False
         return
+    with embedded_database("bench") as dsn:
+        yield dsn, True
+
+
+@contextmanager
+def embedded_database(name: str) -> Iterator[str]:
+    """A database of an embedded PostgreSQL in a temporary directory, removed afterwards."""
     from airflow_broker.embedded import EmbeddedPostgres
 
     folder = tempfile.mkdtemp(prefix="airflow-broker-bench-")
     server = None
     try:
         server = EmbeddedPostgres(Path(folder) / "pgdata")
-        yield server.ensure_database("bench"), True
+        yield server.ensure_database(name)
     finally:
         if server is not None:
             server.stop()

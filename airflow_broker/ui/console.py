@@ -23,6 +23,8 @@ from airflow_broker.messages import decode_body
 # conversations page the newest endpoints, not all of millions of leaks.
 MESSAGE_LIMIT = 500
 CONVERSATION_LIMIT = 500
+# The overview counts each queue's ready messages up to this many and estimates beyond.
+DEPTH_EXACT_LIMIT = 1000
 STATES = ("SO", "SI", "CO", "DI", "DO", "ER", "CD")
 BODY_PREVIEW = 2000
 
@@ -58,12 +60,12 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
     """Every queue the login may see."""
     with broker.transaction() as tx:
         runner = runner_of(tx)
-        rows = runner.run(runner.queries["ui_queues"])
+        rows = runner.run(runner.queries["ui_queues"], [DEPTH_EXACT_LIMIT])
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     queues = []
     for (name, schema, enabled, reason, disabled_at, activation, max_readers, ready, oldest,
          readers, poison_reason, poison_at, poison_messages, quarantined, may_receive,
-         may_alter) in rows:
+         may_alter, estimated) in rows:
         by_poison = not enabled and reason == "POISON"
         queues.append({
             "name": name,
@@ -79,6 +81,9 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
             "activation_enabled": bool(activation),
             "max_readers": max_readers,
             "depth": int(ready or 0),
+            # Above DEPTH_EXACT_LIMIT, PostgreSQL's statistics: an overview that refreshes
+            # every few seconds must not count a backlog of millions each time.
+            "depth_is_estimate": bool(estimated),
             "oldest_message_at": _iso(oldest),
             "oldest_message_age_seconds": None if oldest is None
             else max(0.0, (now - oldest).total_seconds()),
@@ -101,7 +106,8 @@ def queue_rights(broker: Broker, queue_name: str) -> dict[str, bool]:
 
 
 def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str, Any]:
-    """The queue's waiting messages by conversation group; bodies only when ``bodies``."""
+    """The head of the queue (the first MESSAGE_LIMIT messages RECEIVE would take), by
+    conversation group in the order RECEIVE picks them; bodies only when ``bodies``."""
     with broker.transaction() as tx:
         runner = runner_of(tx)
         state = runner.run(runner.queries["ui_queue_state"], [queue_name])

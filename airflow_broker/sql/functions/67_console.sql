@@ -11,28 +11,88 @@
 -- messages. Putting quarantined messages back is a reader's act (RECEIVE); enabling a queue
 -- is ALTER QUEUE's (ALTER on the queue, alter_queue()).
 
--- Every queue the login may see: its state, depth and oldest ready message, its activated
--- readers, its latest disable event and the size of its quarantine; and whether the login may
--- RECEIVE from it and ALTER it, so the pages offer only what the broker would allow. The ids
--- of the messages that made poison detection disable the queue are a reader's to know.
-CREATE OR REPLACE FUNCTION console_queues()
+-- A queue's ready messages, counted exactly up to p_exact_limit and estimated above it from
+-- the planner's statistics of queue_messages.queue_id (as the planner would for
+-- "WHERE queue_id = ..."): the overview refreshes every few seconds, and counting a backlog of
+-- a million rows on each refresh would keep a database core busy for every open page. And the
+-- enqueue time of its head, the first ready message of each priority by the ready index (a
+-- loose index scan over the few priorities present), rather than min() over every message.
+CREATE OR REPLACE FUNCTION console_queue_depth(p_queue integer, p_exact_limit integer,
+    OUT ready_messages bigint, OUT is_estimate boolean, OUT oldest_ready_at timestamp)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_rows real;
+    v_values integer[];
+    v_freqs real[];
+    v_distinct real;
+    v_at integer;
+    v_estimate bigint;
+BEGIN
+    SELECT count(*) INTO ready_messages
+      FROM (SELECT 1 FROM queue_messages m
+             WHERE m.queue_id = p_queue AND m.status = 1 LIMIT p_exact_limit + 1) head;
+    is_estimate := ready_messages > p_exact_limit;
+    IF is_estimate THEN
+        SELECT c.reltuples, st.most_common_vals::text::integer[], st.most_common_freqs,
+               st.n_distinct
+          INTO v_rows, v_values, v_freqs, v_distinct
+          FROM pg_class c
+          JOIN pg_stats st ON st.schemaname = current_schema()
+                          AND st.tablename = 'queue_messages' AND st.attname = 'queue_id'
+         WHERE c.oid = 'queue_messages'::regclass;
+        IF v_rows > 0 THEN
+            v_at := array_position(v_values, p_queue);
+            IF v_at IS NOT NULL THEN
+                v_estimate := round(v_freqs[v_at] * v_rows);
+            ELSE
+                v_distinct := CASE WHEN v_distinct < 0 THEN -v_distinct * v_rows
+                                   ELSE v_distinct END;
+                v_estimate := round((1 - coalesce((SELECT sum(f) FROM unnest(v_freqs) f), 0))
+                                    * v_rows / greatest(v_distinct
+                                                        - coalesce(cardinality(v_values), 0), 1));
+            END IF;
+            -- Statistics older than the backlog say less than was just counted.
+            ready_messages := greatest(ready_messages, v_estimate);
+        END IF;
+    END IF;
+    WITH RECURSIVE priorities(priority) AS (
+        (SELECT m.priority FROM queue_messages m
+          WHERE m.queue_id = p_queue AND m.status = 1 ORDER BY m.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.priority FROM queue_messages m
+                 WHERE m.queue_id = p_queue AND m.status = 1 AND m.priority < p.priority
+                 ORDER BY m.priority DESC LIMIT 1)
+          FROM priorities p WHERE p.priority IS NOT NULL)
+    SELECT min((SELECT m.enqueued_at FROM queue_messages m
+                 WHERE m.queue_id = p_queue AND m.status = 1 AND m.priority = p.priority
+                 ORDER BY m.queuing_order LIMIT 1))
+      INTO oldest_ready_at
+      FROM priorities p WHERE p.priority IS NOT NULL;
+END
+$$;
+
+-- Every queue the login may see: its state, depth (exact up to p_exact_limit ready messages,
+-- estimated above) and oldest ready message, its activated readers, its latest disable event
+-- and the size of its quarantine; and whether the login may RECEIVE from it and ALTER it, so
+-- the pages offer only what the broker would allow. The ids of the messages that made poison
+-- detection disable the queue are a reader's to know.
+-- (Dropped first: its depth_is_estimate and p_exact_limit are new.)
+DROP FUNCTION IF EXISTS console_queues();
+CREATE OR REPLACE FUNCTION console_queues(p_exact_limit integer)
 RETURNS TABLE (name text, schema_name text, is_receive_enabled boolean, disabled_reason text,
                disabled_at timestamp, is_activation_enabled boolean, max_readers integer,
                ready_messages bigint, oldest_ready_at timestamp, readers_running bigint,
                poison_reason text, poison_at timestamp, poison_message_ids uuid[],
-               quarantined bigint, may_receive boolean, may_alter boolean)
+               quarantined bigint, may_receive boolean, may_alter boolean,
+               depth_is_estimate boolean)
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT q.name, q.schema_name, q.is_receive_enabled, q.disabled_reason, q.disabled_at,
-           q.is_activation_enabled, q.max_readers,
-           (SELECT count(*) FROM queue_messages m
-             WHERE m.queue_id = q.object_id AND m.status = 1),
-           (SELECT min(m.enqueued_at) FROM queue_messages m
-             WHERE m.queue_id = q.object_id AND m.status = 1),
+           q.is_activation_enabled, q.max_readers, depth.ready_messages, depth.oldest_ready_at,
            (SELECT count(*) FROM activated_tasks t WHERE t.queue_id = q.object_id),
            e.reason, e.disabled_at, CASE WHEN r.may_receive THEN e.message_ids END,
            (SELECT count(*) FROM quarantine x
              WHERE x.queue_id = q.object_id AND x.status IN ('quarantined', 'retrying')),
-           r.may_receive, r.may_alter
+           r.may_receive, r.may_alter, depth.is_estimate
       FROM queues q
       CROSS JOIN LATERAL (
           SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
@@ -42,6 +102,7 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
       LEFT JOIN LATERAL (
           SELECT d.reason, d.disabled_at, d.message_ids FROM queue_disable_events d
            WHERE d.queue_id = q.object_id ORDER BY d.event_id DESC LIMIT 1) e ON true
+      CROSS JOIN LATERAL console_queue_depth(q.object_id, p_exact_limit) depth
      WHERE (SELECT is_broker_owner()) OR may_see(1::smallint, q.object_id, q.principal_id)
      ORDER BY q.name, q.schema_name
 $$;
@@ -62,8 +123,10 @@ BEGIN
 END
 $$;
 
--- The messages waiting on a queue (received ones included), in RECEIVE's order within each
--- conversation group, at most p_limit of them.
+-- The head of a queue: its first p_limit ready messages in the order RECEIVE takes them
+-- (priority, then queuing order, by the ready index, so a backlog of millions is not sorted
+-- for a page of 500), then those held back until an earlier one arrives (status 2), by
+-- conversation and sequence number.
 CREATE OR REPLACE FUNCTION console_queue_messages(p_queue text, p_limit integer)
 RETURNS TABLE (conversation_group_id uuid, conversation_handle uuid,
                message_sequence_number bigint, message_type_name text, status smallint,
@@ -77,10 +140,16 @@ BEGIN
     SELECT m.conversation_group_id, m.conversation_handle, m.message_sequence_number,
            t.name, m.status::smallint, m.priority::smallint, m.enqueued_at, m.message_id,
            m.message_body
-      FROM queue_messages m
+      FROM ((SELECT x.*, 1 AS part FROM queue_messages x
+              WHERE x.queue_id = q.object_id AND x.status = 1
+              ORDER BY x.priority DESC, x.queuing_order LIMIT p_limit)
+            UNION ALL
+            (SELECT x.*, 2 FROM queue_messages x
+              WHERE x.queue_id = q.object_id AND x.status = 2
+              ORDER BY x.conversation_handle, x.message_sequence_number LIMIT p_limit)) m
       JOIN message_types t ON t.message_type_id = m.message_type_id
-     WHERE m.queue_id = q.object_id AND m.status IN (1, 2)
-     ORDER BY m.conversation_group_id, m.conversation_handle, m.precedence,
+     ORDER BY m.part, CASE WHEN m.part = 1 THEN -m.priority END,
+              CASE WHEN m.part = 1 THEN m.queuing_order END, m.conversation_handle,
               m.message_sequence_number
      LIMIT p_limit;
 END

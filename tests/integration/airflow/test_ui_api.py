@@ -401,3 +401,41 @@ def test_cleanup_is_refused_with_229_to_a_login_without_control(
     assert response.status_code == 403, response.text
     assert response.json()["error_number"] == 229
     assert leaked(ui) == [handle]
+
+
+def test_a_deep_queue_shows_its_head_and_an_estimated_depth(ui: Ui, app: App,
+                                                            broker_conn: str) -> None:
+    """The overview counts up to DEPTH_EXACT_LIMIT ready messages and estimates a deeper
+    queue from PostgreSQL's statistics; a queue page shows the head RECEIVE would take, not a
+    sort of the whole backlog."""
+    from airflow_broker.ui.console import DEPTH_EXACT_LIMIT, MESSAGE_LIMIT
+
+    first = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send_many(first, "Req", [f"first {n}" for n in range(10)])
+    row = queue_row(ui)
+    assert (row["depth"], row["depth_is_estimate"]) == (10, False)
+    oldest = row["oldest_message_at"]
+
+    sent = 10
+    while sent <= 2 * DEPTH_EXACT_LIMIT:
+        with app.broker.transaction() as tx:
+            tx.send_many(tx.begin_dialog("I", "T", "C"), "Req", ["more"] * 500)
+        sent += 500
+    with psycopg.connect(broker_conn, autocommit=True) as conn:
+        conn.execute("ANALYZE broker.queue_messages")
+    row = queue_row(ui)
+    assert row["depth_is_estimate"] is True
+    assert 0.75 * sent <= row["depth"] <= 1.25 * sent
+    assert row["oldest_message_at"] == oldest  # the head's, unchanged by later sends
+
+    page = ui.get(f"/api/queues/{QUEUE}", "op").json()
+    assert page["truncated"] is True
+    messages = [m for g in page["groups"] for m in g["messages"]]
+    assert len(messages) == MESSAGE_LIMIT
+    # RECEIVE takes the first conversation's group first (its target endpoint's, one
+    # handle), its messages in sequence order.
+    head = page["groups"][0]["messages"]
+    assert len({m["conversation_handle"] for m in head}) == 1
+    assert [m["body"] for m in head] == [f"first {n}" for n in range(10)]
+    assert [m["message_sequence_number"] for m in head] == list(range(10))
