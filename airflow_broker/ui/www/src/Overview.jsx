@@ -2,7 +2,7 @@ import { Badge, Box, Button, Heading, HStack, Link, Table, Text } from "@chakra-
 import { useState } from "react";
 
 import { getJson, postJson, queuePath } from "./api";
-import { age, when } from "./format";
+import { age, depth, when } from "./format";
 import { Problem } from "./Problem";
 import { usePolling } from "./usePolling";
 
@@ -76,7 +76,11 @@ export function Overview({ open }) {
                 </Table.Cell>
                 <Table.Cell><QueueState queue={q} /></Table.Cell>
                 <Table.Cell>{q.activation_enabled ? `on (max ${q.max_readers})` : "off"}</Table.Cell>
-                <Table.Cell textAlign="end" data-testid="queue-depth">{q.depth}</Table.Cell>
+                <Table.Cell textAlign="end" data-testid="queue-depth"
+                            title={q.depth_is_estimate
+                              ? "estimated from PostgreSQL's statistics" : undefined}>
+                  {depth(q)}
+                </Table.Cell>
                 <Table.Cell>{age(q.oldest_message_age_seconds)}</Table.Cell>
                 <Table.Cell textAlign="end">{q.readers_running}</Table.Cell>
                 <Table.Cell textAlign="end">

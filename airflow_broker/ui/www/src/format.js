@@ -7,3 +7,7 @@ export function age(seconds) {
   if (seconds < 86400) return `${(seconds / 3600).toFixed(1)} h`;
   return `${(seconds / 86400).toFixed(1)} d`;
 }
+
+// Deep queues are estimated, not counted, on each refresh (ui/console.py).
+export const depth = (queue) =>
+  queue.depth_is_estimate ? `≈ ${queue.depth.toLocaleString()}` : String(queue.depth);
