@@ -23,6 +23,7 @@ BODIES = "Broker Message Bodies"
 QUEUES = "Broker Queues"
 QUARANTINE = "Broker Quarantine"
 CONVERSATIONS = "Broker Conversations"
+TRANSMISSION = "Broker Transmission"
 
 Method = Literal["GET", "POST"]
 # SimpleAuthManager's roles, lowest first; a write needs OP or above under it.
@@ -60,6 +61,7 @@ def permissions(user: BaseUser) -> dict[str, bool]:
         "replay_quarantine": allowed(user, "POST", QUARANTINE) and allowed(user, "POST", QUEUES),
         "replay_only": allowed(user, "POST", QUARANTINE),
         "cleanup_conversation": allowed(user, "POST", CONVERSATIONS),
+        "retry_transmission": allowed(user, "POST", TRANSMISSION),
     }
 
 

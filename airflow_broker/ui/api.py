@@ -236,3 +236,30 @@ class CleanupBody(BaseModel):
 def post_cleanup(handle: uuid.UUID, body: CleanupBody, engine: BrokerDep) -> dict[str, Any]:
     console.cleanup_leak(engine, handle, body.confirm)
     return {"conversation_handle": str(handle), "cleaned_up": True}
+
+
+# -- transmission ----------------------------------------------------------------------------
+
+@app.get("/api/transmission")
+def get_transmission(
+        engine: BrokerDep,
+        user: Annotated[BaseUser, Depends(access.requires("GET", access.TRANSMISSION))],
+) -> dict[str, Any]:
+    return {**console.transmissions(engine), "permissions": access.permissions(user)}
+
+
+class RetryBody(BaseModel):
+    # The route as sys.transmission_queue names it; in the body, since service names are
+    # URIs ('//Far/Service', 'postgresql://...') that a path would mangle.
+    to_service_name: str = Field(min_length=1, max_length=256)
+    to_broker_instance: str | None = Field(default=None, max_length=128)
+
+
+@app.post("/api/transmission/retry",
+          dependencies=[Depends(access.requires("POST", access.TRANSMISSION)),
+                        Depends(action_logging(event="broker_transmission_retry"))])
+def post_transmission_retry(body: RetryBody, engine: BrokerDep) -> dict[str, Any]:
+    retried = console.retry_transmissions(engine, body.to_service_name,
+                                          body.to_broker_instance)
+    return {"to_service_name": body.to_service_name,
+            "to_broker_instance": body.to_broker_instance, "retried": retried}

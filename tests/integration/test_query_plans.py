@@ -199,6 +199,26 @@ def test_send_to_another_broker_reads_one_row_of_its_conversations_backlog(pair:
     assert read < 50
 
 
+def test_retry_now_of_a_route_reads_its_own_messages_not_the_backlog(pair: Pair) -> None:
+    # 20,000 messages wait for T; the transmission page's Retry now for another far service
+    # finds that service's five through transmissions_destination (each click read the whole
+    # transmission queue, which grows fastest when a far broker is down).
+    _backlog_for_another_broker(pair)
+    with pair.a.transaction() as tx:
+        tx.create_route("to_other", "postgresql://far@127.0.0.1:1/far", service_name="Other")
+        other = tx.begin_dialog("I", "Other", "C")
+        tx.send_many(other, "Req", [b"other"] * 5)
+    with psycopg.connect(pair.a.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.transmissions")
+    with pair.a.transaction() as tx:
+        before = _rows_read(tx.conn, "transmissions")
+        row = tx.conn.execute("SELECT broker.console_retry_transmissions('Other', NULL)"
+                              ).fetchone()
+        read = _rows_read(tx.conn, "transmissions") - before
+    assert row == (5,)
+    assert read < 50
+
+
 def test_transport_step_reads_about_what_it_sends(pair: Pair) -> None:
     # One conversation's 20,000 messages come first, then 50 conversations of one message: a
     # step of 100 takes them from the first conversation, in order, without grouping the whole

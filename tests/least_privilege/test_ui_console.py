@@ -1,6 +1,8 @@
 """The broker's pages in Airflow's UI, logged in as docs/security.md's UI login: it sees the
 queues it may see (SQL Server's metadata visibility), reads a queue's messages and quarantine
-and replays with RECEIVE on it, enables with ALTER on it, and gets the broker's refusal,
+and replays with RECEIVE on it, enables with ALTER on it, sees what waits in the
+transmission queue for the services whose queue it may see and retries it with RECEIVE
+there, and gets the broker's refusal,
 changing nothing, for everything else. airflow_broker.ui.console is what the pages' API
 calls; these run it as real logins holding only the documented grants."""
 
@@ -17,6 +19,7 @@ from airflow_broker import Broker
 from airflow_broker._statements import runner_of
 from airflow_broker.errors import BrokerError
 from airflow_broker.ui import console
+from airflow_broker.worker.transport import Transport
 from tests.support import roles
 from tests.support.privileges import Application, login, snapshot
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
@@ -210,3 +213,85 @@ def test_conversations_show_a_reader_its_own_services_leaks_and_cleanup_is_the_o
         console.cleanup_leak(admin, a_leak, str(a_leak))
         assert [c["conversation_handle"] for c in console.conversations(
             admin, leaked_only=True)["conversations"]] == [str(b_leak)]
+
+
+FAR_A = "//Far/A"
+FAR_B = "//Far/B"
+
+
+@pytest.fixture
+def waiting(owned_dsn: str, apps: None) -> None:
+    """A's initiator has two messages, B's one, waiting for far services behind a route that
+    leads nowhere; each tried once, and backing off."""
+    with Broker(owned_dsn) as admin:
+        with admin.transaction() as tx:
+            for far in (FAR_A, FAR_B):
+                tx.create_route(f"route_{far[-1]}", "postgresql://far@127.0.0.1:1/far",
+                                service_name=far)
+            a = tx.begin_dialog("a_I", FAR_A, "a_C")
+            tx.send(a, "a_Req", "one")
+            tx.send(a, "a_Req", "two")
+            tx.send(tx.begin_dialog("b_I", FAR_B, "b_C"), "b_Req", "three")
+        transport = Transport(admin)
+        try:
+            assert transport.step().held == 3
+        finally:
+            transport.close()
+
+
+def routes(broker: Broker) -> dict[str, dict[str, Any]]:
+    return {r["to_service_name"]: r for r in console.transmissions(broker)["routes"]}
+
+
+def due(dsn: str) -> dict[str, bool]:
+    """Per far service: whether all its waiting messages are due now."""
+    with Broker(dsn) as admin, admin.transaction() as tx:
+        rows = runner_of(tx).run(
+            b"SELECT to_service_name, bool_and(next_attempt_at <= broker.utc_now())"
+            b" FROM broker.transmission_queue GROUP BY 1")
+    return {service: bool(is_due) for service, is_due in rows}
+
+
+def test_a_login_with_no_permission_sees_no_route_and_retries_nothing(
+        owned_dsn: str, waiting: None) -> None:
+    with ui_login(owned_dsn) as ui:
+        before = snapshot(owned_dsn)
+        assert console.transmissions(ui) == {"routes": [], "truncated": False}
+        # As for a route where nothing waits.
+        assert console.retry_transmissions(ui, FAR_A, None) == 0
+        assert snapshot(owned_dsn) == before
+
+
+def test_the_read_only_ui_sees_every_route_and_may_retry_none(
+        owned_dsn: str, waiting: None) -> None:
+    with ui_login(owned_dsn, *READ_ONLY_UI) as ui:
+        shown = routes(ui)
+        assert set(shown) == {FAR_A, FAR_B}
+        assert (shown[FAR_A]["messages"], shown[FAR_A]["delivery"]) == (2, "remote")
+        assert shown[FAR_A]["transmission_status"].startswith(
+            "The target service broker is unreachable")
+        assert not shown[FAR_A]["may_retry"] and not shown[FAR_B]["may_retry"]
+        before = snapshot(owned_dsn)
+        with pytest.raises(BrokerError) as error:
+            console.retry_transmissions(ui, FAR_A, None)
+        assert error.value.number == 229
+        assert "a_q_i" in str(error.value)
+        assert snapshot(owned_dsn) == before
+
+
+def test_receive_on_the_senders_queue_retries_its_route_alone(
+        owned_dsn: str, waiting: None) -> None:
+    with ui_login(owned_dsn, *READ_ONLY_UI, *A.sender_grants()) as ui:
+        shown = routes(ui)
+        assert (shown[FAR_A]["may_retry"], shown[FAR_B]["may_retry"]) == (True, False)
+        assert due(owned_dsn) == {FAR_A: False, FAR_B: False}
+        assert console.retry_transmissions(ui, FAR_A, None) == 2
+        assert due(owned_dsn) == {FAR_A: True, FAR_B: False}
+        assert refused(lambda: console.retry_transmissions(ui, FAR_B, None)) == 229
+        assert due(owned_dsn) == {FAR_A: True, FAR_B: False}
+    with ui_login(owned_dsn, *A.sender_grants()) as sender:
+        # Without VIEW DEFINITION on the database: A's route only; B's is, to it, a route
+        # where nothing waits.
+        assert set(routes(sender)) == {FAR_A}
+        assert console.retry_transmissions(sender, FAR_B, None) == 0
+        assert due(owned_dsn)[FAR_B] is False

@@ -222,3 +222,57 @@ def test_health_and_conversations_as_the_least_privileged_login(
     expect(row.get_by_test_id("error")).to_contain_text("229")
     expect(page.get_by_test_id("conversation-row").filter(has_text=leak)).to_have_count(1)
     page.context.close()
+
+
+FAR = "//UI/FarSettlement"
+
+
+def test_transmission_shows_a_message_waiting_on_a_route_and_retries_it(
+        browser: Browser, airflow_deployment: Deployment, poisoned: PoisonedQueue,
+        system_databases: SystemDatabases, screenshots: Path) -> None:
+    """A trade for a far broker that does not answer waits in the transmission queue: the
+    page shows its route, the deployment's transport's failure and, to an operator whose UI
+    login may RECEIVE from the sending service's queue, Retry now."""
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            # Nothing listens on port 1; the address's password is the page's to hide.
+            tx.create_route("ui_far_route", "postgresql://far:s3cret@127.0.0.1:1/far",
+                            service_name=FAR)
+            handle = tx.begin_dialog("//UI/Desk", FAR, "//UI/TradeContract")
+            tx.send(handle, TRADE, "<trade id='5'/>")
+        # docs/security.md: Retry now takes RECEIVE on the sending service's queue.
+        system_databases.grant_ui(roles.broker_grant("RECEIVE", "QUEUE::ui_desk_q"))
+        try:
+            viewer = open_page(browser, airflow_deployment, "viewer", "light",
+                               "plugin/broker?page=transmission")
+            row = viewer.get_by_test_id("transmission-row").filter(has_text=FAR)
+            # The deployment's broker worker tried it and backs off.
+            expect(row.get_by_test_id("transmission-status")).to_contain_text("unreachable")
+            expect(row.get_by_test_id("transmission-delivery")).to_have_text("remote")
+            expect(row.get_by_test_id("transmission-messages")).to_contain_text("1")
+            expect(row.get_by_test_id("retry-now")).to_have_count(0)
+            assert "s3cret" not in viewer.content()
+            viewer.context.close()
+
+            dark = open_page(browser, airflow_deployment, "op", "dark",
+                             "plugin/broker?page=transmission")
+            row = dark.get_by_test_id("transmission-row").filter(has_text=FAR)
+            expect(row.get_by_test_id("transmission-status")).to_contain_text("unreachable")
+            expect(row.get_by_test_id("retry-now")).to_be_visible()
+            dark.screenshot(path=screenshots / "transmission-dark.png", full_page=True)
+            dark.context.close()
+
+            page = open_page(browser, airflow_deployment, "op", "light")
+            page.get_by_test_id("to-transmission").click()
+            row = page.get_by_test_id("transmission-row").filter(has_text=FAR)
+            expect(row.get_by_test_id("transmission-status")).to_contain_text("unreachable")
+            page.screenshot(path=screenshots / "transmission-light.png", full_page=True)
+            row.get_by_test_id("retry-now").click()
+            expect(page.get_by_test_id("retry-done")).to_contain_text(
+                f"1 message(s) to {FAR} due now")
+            page.context.close()
+        finally:
+            # Later tests' doctor finds no route to nowhere and nothing waiting for it.
+            with broker.transaction() as tx:
+                tx.end_conversation(handle, cleanup=True)
+                tx.drop_route("ui_far_route")

@@ -247,3 +247,108 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
       FROM console_conversations(NULL, false, NULL) c
      GROUP BY c.state ORDER BY c.state
 $$;
+
+-- What waits in the transmission queue (sys.transmission_queue), per route: per destination
+-- service and broker instance, as a route matches them (spec 21.2). For each, how many
+-- messages of how many conversations, the oldest, the attempts so far, the status of the
+-- latest attempt ('' = not attempted yet) and when the next is due; where the broker would
+-- send them now ('local': a queue of this broker, 'remote': another broker through a route,
+-- 'no route'), never the route's address, which may carry a password and is the owner's to
+-- read. A login sees what the services whose queue it may see sent (as console_queues shows a
+-- queue's depth); may_retry says whether it may RECEIVE from every such queue, which
+-- console_retry_transmissions() asks.
+CREATE OR REPLACE FUNCTION console_transmissions(p_limit integer)
+RETURNS TABLE (to_service_name text, to_broker_instance text, delivery text, messages bigint,
+               conversations bigint, oldest_enqueue_time timestamp, attempts integer,
+               transmission_status text, last_attempt_at timestamp,
+               next_attempt_at timestamp, may_retry boolean)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT w.to_service_name, w.to_broker_instance,
+           CASE WHEN r.address IS NULL THEN 'no route'
+                -- A conversation with a peer in another broker is not delivered locally.
+                WHEN r.address = 'LOCAL' THEN CASE WHEN w.is_remote THEN 'no route'
+                                                   ELSE 'local' END
+                ELSE 'remote' END,
+           w.messages, w.conversations, w.oldest, w.attempts, w.status, w.last_attempt_at,
+           w.next_attempt_at, w.may_retry
+      FROM (
+        SELECT t.to_service_name,
+               coalesce(e.far_broker_instance, e.to_broker_instance) AS to_broker_instance,
+               bool_or(e.is_remote) AS is_remote, count(*) AS messages,
+               count(DISTINCT t.conversation_handle) AS conversations,
+               min(t.enqueue_time) AS oldest, max(t.attempts) AS attempts,
+               -- The latest attempt tells why the route's messages still wait.
+               (array_agg(t.transmission_status ORDER BY t.last_attempt_at DESC NULLS LAST,
+                          t.transmission_id DESC))[1] AS status,
+               max(t.last_attempt_at) AS last_attempt_at,
+               min(t.next_attempt_at) AS next_attempt_at,
+               bool_and(v.may_receive) AS may_retry
+          FROM transmissions t
+          JOIN endpoints e ON e.conversation_handle = t.conversation_handle
+          JOIN service_defs s ON s.service_id = e.service_id
+          JOIN queues q ON q.object_id = s.service_queue_id
+          CROSS JOIN LATERAL (
+              SELECT (SELECT is_broker_owner())
+                         OR has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+                         AS may_receive) v
+         WHERE (SELECT is_broker_owner()) OR may_see(1::smallint, q.object_id, q.principal_id)
+         GROUP BY t.to_service_name, coalesce(e.far_broker_instance, e.to_broker_instance)) w
+     CROSS JOIN LATERAL (
+         SELECT route_address(w.to_service_name, w.to_broker_instance) AS address) r
+     ORDER BY w.oldest, w.to_service_name, w.to_broker_instance
+     LIMIT p_limit
+$$;
+
+-- Retry now: what waits for one route (destination service and broker instance; NULL for
+-- none) is due at once, as CREATE and ALTER ROUTE make it, instead of at the end of its
+-- back-off (up to 64 s). The broker worker tries it at its next pass (the transport at once,
+-- woken as by a SEND). Attempts are kept, so a failure backs off again from where it was: a
+-- click is one more attempt, not a new series of quick ones. It changes when, never what or
+-- where. Retrying is the sender's act, as SEND on the conversation is: RECEIVE on the queue
+-- of each waiting conversation's own service (229 for the first it lacks, and nothing
+-- changes). Returns how many messages were made due; 0 when nothing the login may see waits.
+CREATE OR REPLACE FUNCTION console_retry_transmissions(p_to_service text,
+                                                       p_to_broker_instance text)
+RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_now timestamp := utc_now();
+    v_owner boolean := is_broker_owner();
+    v_handles uuid[];
+    v_queues integer[];
+    v_denied queues;
+    v_count integer;
+BEGIN
+    -- Found through transmissions_destination, their endpoints by key.
+    SELECT array_agg(DISTINCT t.conversation_handle), array_agg(DISTINCT q.object_id)
+      INTO v_handles, v_queues
+      FROM transmissions t
+      JOIN endpoints e ON e.conversation_handle = t.conversation_handle
+      JOIN service_defs s ON s.service_id = e.service_id
+      JOIN queues q ON q.object_id = s.service_queue_id
+     WHERE t.to_service_name = p_to_service
+       AND coalesce(e.far_broker_instance, e.to_broker_instance)
+           IS NOT DISTINCT FROM p_to_broker_instance
+       AND (v_owner OR may_see(1::smallint, q.object_id, q.principal_id));
+    IF v_handles IS NULL THEN
+        RETURN 0;
+    END IF;
+    IF NOT v_owner THEN
+        SELECT q.* INTO v_denied
+          FROM queues q
+         WHERE q.object_id = ANY (v_queues)
+           AND NOT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
+         ORDER BY q.name LIMIT 1;
+        IF v_denied.object_id IS NOT NULL THEN
+            PERFORM require_on_queue('RECEIVE', v_denied);
+        END IF;
+    END IF;
+    UPDATE transmissions SET next_attempt_at = v_now
+     WHERE to_service_name = p_to_service AND conversation_handle = ANY (v_handles);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        -- Wakes the transport (LISTEN in the broker worker) when this transaction commits.
+        PERFORM pg_notify(current_schema() || '_transmit', '');
+    END IF;
+    RETURN v_count;
+END
+$$;

@@ -49,3 +49,16 @@ SELECT conversation_handle, is_leaked
 
 -- ui_conversation_counts --
 SELECT state, endpoints, leaked FROM {schema}.console_conversation_counts()
+
+-- ui_transmissions --
+-- What waits in the transmission queue per route (destination service and broker instance),
+-- as far as the login may see it, oldest first, at most as many routes as asked.
+SELECT to_service_name, to_broker_instance, delivery, messages, conversations,
+       oldest_enqueue_time, attempts, transmission_status, last_attempt_at, next_attempt_at,
+       may_retry
+  FROM {schema}.console_transmissions(%s)
+
+-- ui_retry_transmissions --
+-- Makes what waits for one route due now (RECEIVE on the sending services' queues); returns
+-- how many messages.
+SELECT {schema}.console_retry_transmissions(%s, %s)

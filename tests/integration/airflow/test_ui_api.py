@@ -15,6 +15,7 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from fastapi.testclient import TestClient
 
 from airflow_broker import Broker
+from airflow_broker.worker.transport import Transport
 from tests.fixtures.airflow import connection_json
 from tests.support import roles
 from tests.support.brokers import App
@@ -139,7 +140,8 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     viewer = ui.get(f"/api/queues/{QUEUE}", "viewer").json()
     assert viewer["permissions"] == {"view_bodies": True, "enable_disable_queue": False,
                                      "replay_quarantine": False, "replay_only": False,
-                                     "cleanup_conversation": False}
+                                     "cleanup_conversation": False,
+                                     "retry_transmission": False}
     # SimpleAuthManager lets every logged-in user read custom views, bodies included.
     [group] = viewer["groups"]
     assert [m["body"] for m in group["messages"]] == ["poison"]
@@ -148,7 +150,8 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     assert {m["error"] for m in quarantine["messages"]} == {"ValueError: bad trade"}
     op = ui.get("/api/overview", "op").json()["permissions"]
     assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True,
-                  "replay_only": True, "cleanup_conversation": True}
+                  "replay_only": True, "cleanup_conversation": True,
+                  "retry_transmission": True}
 
 
 def test_bodies_are_masked_for_users_the_auth_manager_refuses_them(
@@ -439,3 +442,125 @@ def test_a_deep_queue_shows_its_head_and_an_estimated_depth(ui: Ui, app: App,
     assert len({m["conversation_handle"] for m in head}) == 1
     assert [m["body"] for m in head] == [f"first {n}" for n in range(10)]
     assert [m["message_sequence_number"] for m in head] == list(range(10))
+
+
+FAR = "//Far/Settlement"
+OTHER = "//Far/Ledger"
+# Nothing listens on port 1: each attempt fails at once with "unreachable".
+UNREACHABLE = "postgresql://far_user:s3cret-pass@127.0.0.1:1/far"
+
+
+@pytest.fixture
+def waiting(app: App) -> Iterator[None]:
+    """Messages on two routes to a far broker that does not answer, each tried once and
+    backing off: two for FAR on one conversation, one for OTHER."""
+    with app.broker.transaction() as tx:
+        tx.create_route("far_route", UNREACHABLE, service_name=FAR)
+        tx.create_route("other_route", UNREACHABLE, service_name=OTHER)
+        far = tx.begin_dialog("I", FAR, "C")
+        tx.send(far, "Req", "first")
+        tx.send(far, "Req", "second")
+        tx.send(tx.begin_dialog("I", OTHER, "C"), "Req", "third")
+    transport = Transport(app.broker)
+    try:
+        assert transport.step().held == 3
+        yield
+    finally:
+        transport.close()
+
+
+def transmission_rows(broker: Broker) -> dict[str, tuple[Any, ...]]:
+    """Per destination service: whether its messages are due, their attempts and status."""
+    with broker.transaction() as tx:
+        rows = tx.conn.execute(
+            "SELECT to_service_name, bool_and(next_attempt_at <= broker.utc_now()),"
+            " max(attempts), min(transmission_status)"
+            " FROM broker.transmission_queue GROUP BY 1").fetchall()
+    return {service: tuple(rest) for service, *rest in rows}
+
+
+def test_transmission_shows_what_waits_per_route_without_its_address(
+        ui: Ui, waiting: None) -> None:
+    assert ui.get("/api/transmission").status_code == 401
+    response = ui.get("/api/transmission", "viewer")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    routes = {r["to_service_name"]: r for r in body["routes"]}
+    assert set(routes) == {FAR, OTHER}
+    far = routes[FAR]
+    assert (far["delivery"], far["messages"], far["conversations"], far["attempts"]) == (
+        "remote", 2, 1, 1)
+    assert far["to_broker_instance"] is None
+    assert far["transmission_status"].startswith("The target service broker is unreachable")
+    assert far["oldest_enqueue_time"] is not None
+    assert far["next_attempt_at"] > far["last_attempt_at"]
+    assert far["may_retry"] is True
+    assert routes[OTHER]["messages"] == 1
+    assert body["permissions"]["retry_transmission"] is False
+    # The route's address carries a password: the page never shows it.
+    assert "s3cret-pass" not in response.text
+
+
+def test_retry_now_makes_one_routes_messages_due_and_the_transport_tries_at_once(
+        ui: Ui, waiting: None, app: App) -> None:
+    before = transmission_rows(app.broker)
+    assert before[FAR][0] is False and before[OTHER][0] is False
+    response = ui.post("/api/transmission/retry", {"to_service_name": FAR}, "op",
+                       headers={"Sec-Fetch-Site": "same-origin"})
+    assert response.status_code == 200, response.text
+    assert response.json()["retried"] == 2
+    after = transmission_rows(app.broker)
+    # Due now, its attempts and last status kept (the back-off goes on from there); the
+    # other route untouched.
+    assert after[FAR] == (True, *before[FAR][1:])
+    assert after[OTHER] == before[OTHER]
+    assert audit_events("broker_transmission_retry")[-1] == ("ui_op",
+                                                             "broker_transmission_retry")
+    transport = Transport(app.broker)
+    try:
+        assert transport.step().held == 2
+    finally:
+        transport.close()
+    assert transmission_rows(app.broker)[FAR][:2] == (False, 2)
+    # A route nothing waits on: nothing to do.
+    response = ui.post("/api/transmission/retry", {"to_service_name": "//Nowhere"}, "op")
+    assert (response.status_code, response.json()["retried"]) == (200, 0)
+
+
+@pytest.mark.parametrize("role", ["viewer", "user"])
+def test_roles_below_op_may_not_retry(ui: Ui, waiting: None, app: App, role: str) -> None:
+    before = transmission_rows(app.broker)
+    response = ui.post("/api/transmission/retry", {"to_service_name": FAR}, role)
+    assert response.status_code == 403, response.text
+    assert ui.post("/api/transmission/retry", {"to_service_name": FAR}).status_code == 401
+    assert transmission_rows(app.broker) == before
+    assert f"ui_{role}" not in [owner for owner, _ in audit_events("broker_transmission_retry")]
+
+
+def test_a_retry_from_another_site_or_without_json_is_refused(
+        ui: Ui, waiting: None, app: App) -> None:
+    before = transmission_rows(app.broker)
+    for site in ("cross-site", "same-site", "none"):
+        response = ui.post("/api/transmission/retry", {"to_service_name": FAR}, "admin",
+                           headers={"Sec-Fetch-Site": site})
+        assert response.status_code == 403, response.text
+        assert "cross-origin" in response.json()["detail"]
+    response = ui.client.post("/api/transmission/retry", data={"to_service_name": FAR},
+                              headers=ui._auth("admin"))
+    assert response.status_code == 415
+    assert transmission_rows(app.broker) == before
+
+
+def test_the_logins_refusal_of_a_retry_comes_back_with_229(
+        reader_ui: None, ui: Ui, waiting: None, app: App) -> None:
+    """The UI's login sees the routes (VIEW DEFINITION on the database) but may not RECEIVE
+    from q_i, the sending service's queue: an admin's retry is the broker's to refuse."""
+    [far] = [r for r in ui.get("/api/transmission", "admin").json()["routes"]
+             if r["to_service_name"] == FAR]
+    assert far["may_retry"] is False
+    before = transmission_rows(app.broker)
+    response = ui.post("/api/transmission/retry", {"to_service_name": FAR}, "admin")
+    assert response.status_code == 403, response.text
+    assert response.json()["error_number"] == 229
+    assert "q_i" in response.json()["detail"]
+    assert transmission_rows(app.broker) == before

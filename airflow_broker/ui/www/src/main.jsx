@@ -1,6 +1,6 @@
 // The broker's pages, rendered by Airflow's UI at /plugin/broker. The page and queue are in
-// the query string (?queue=...&page=queue|quarantine, ?page=health|conversations), so each
-// page has its own address.
+// the query string (?queue=...&page=queue|quarantine, ?page=health|conversations|transmission),
+// so each page has its own address.
 import { Box, Breadcrumb, Button, ChakraProvider, defaultSystem, HStack } from "@chakra-ui/react";
 import { useSearchParams } from "react-router-dom";
 
@@ -9,13 +9,16 @@ import { Health } from "./Health";
 import { Overview } from "./Overview";
 import { Quarantine } from "./Quarantine";
 import { Queue } from "./Queue";
+import { Transmission } from "./Transmission";
+
+const TOP_PAGES = ["health", "conversations", "transmission"];
 
 function Pages() {
   const [params, setParams] = useSearchParams();
   const queue = params.get("queue");
   const top = params.get("page");
   const page = queue ? top || "queue"
-    : top === "health" || top === "conversations" ? top : "overview";
+    : TOP_PAGES.includes(top) ? top : "overview";
   const open = (name, where) => setParams(name ? { queue: name, page: where }
     : where ? { page: where } : {});
 
@@ -23,7 +26,8 @@ function Pages() {
     <Box p={4} data-testid="broker-ui">
       <HStack mb={3}>
         {[["overview", "Queues", "tab-queues"], ["conversations", "Conversations",
-          "to-conversations"], ["health", "Health", "to-health"]].map(([where, label, id]) => (
+          "to-conversations"], ["transmission", "Transmission", "to-transmission"],
+          ["health", "Health", "to-health"]].map(([where, label, id]) => (
           <Button key={where} size="xs" data-testid={id}
                   variant={page === where || (where === "overview" && queue) ? "solid" : "outline"}
                   onClick={() => open(null, where === "overview" ? null : where)}>{label}</Button>
@@ -56,6 +60,7 @@ function Pages() {
       {page === "quarantine" && <Quarantine name={queue} />}
       {page === "health" && <Health />}
       {page === "conversations" && <Conversations />}
+      {page === "transmission" && <Transmission />}
     </Box>
   );
 }
