@@ -77,6 +77,15 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def submitted_by(context: Context | dict[str, Any]) -> dict[str, Any]:
+    """The task instance in the context, as the reader run keeps it (key ``airflow``)."""
+    ti = context.get("ti")
+    if ti is None:
+        return {}
+    return {"airflow": {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
+                        "map_index": ti.map_index, "try_number": ti.try_number}}
+
+
 def _join(*parts: str | None) -> str | None:
     joined = ",".join(p for p in parts if p)
     return joined or None
@@ -309,18 +318,25 @@ class ActivatedReaderOperator(SparkSubmitOperator):
                 tempfile.TemporaryDirectory(prefix="broker-reader-") as work_dir:
             info = hook.get_conn_info()
             self.prepare(info.dsn, info.schema, run_id, Path(work_dir))
-            self.log.info("submitting the readers of queue %s (at most %s), handler %s, "
-                          "strategy %s, run %s", self.queue_name,
-                          self.readers or "MAX_QUEUE_READERS", self.handler,
-                          self.poison_strategy, run_id)
             job_error: Exception | None = None
             try:
-                with _environment(self.submit_environment(info.dsn)):
-                    super().execute(context)
-            except Exception as exc:
-                job_error = exc
-                self.log.error("the Spark job of reader run %s failed: %s", run_id,
-                               self.job_failure(exc))
+                # Recorded before the job, with the task instance that submits it: the run
+                # is there to report (and to link from the broker's queue page) even when no
+                # driver ever starts; a queue the login may not RECEIVE from fails here,
+                # before Spark.
+                reader_runs.begin_run(hook.get_broker(), run_id, self.queue_name,
+                                      {"queue": self.queue_name, **submitted_by(context)})
+                self.log.info("submitting the readers of queue %s (at most %s), handler %s, "
+                              "strategy %s, run %s", self.queue_name,
+                              self.readers or "MAX_QUEUE_READERS", self.handler,
+                              self.poison_strategy, run_id)
+                try:
+                    with _environment(self.submit_environment(info.dsn)):
+                        super().execute(context)
+                except Exception as exc:
+                    job_error = exc
+                    self.log.error("the Spark job of reader run %s failed: %s", run_id,
+                                   self.job_failure(exc))
             finally:
                 self.properties_file = user_properties
             try:
@@ -328,9 +344,8 @@ class ActivatedReaderOperator(SparkSubmitOperator):
             except Exception as summary_error:
                 if job_error is None:
                     raise
-                # The driver never got to the database (spark-submit or the provider refused
-                # the job, the driver failed to start), or the database is out of reach: the
-                # job's own reason comes first, the summary's error after it.
+                # The database went out of reach during the job (the run was recorded before
+                # it): the job's own reason comes first, the summary's error after it.
                 self.log.error("and the summary of reader run %s could not be read: %s",
                                run_id, summary_error)
                 # Raised here, the summary's error is its __context__; the job's, its cause.

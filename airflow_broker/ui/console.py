@@ -25,6 +25,9 @@ MESSAGE_LIMIT = 500
 CONVERSATION_LIMIT = 500
 # The overview counts each queue's ready messages up to this many and estimates beyond.
 DEPTH_EXACT_LIMIT = 1000
+# The newest reader runs and activations a queue page lists.
+RUN_LIMIT = 20
+RUN_COUNTS = ("readers", "attempts", "received", "processed", "quarantined", "retried")
 # Routes, not messages: a far broker down for a day is one row, however much waits for it.
 ROUTE_LIMIT = 500
 STATES = ("SO", "SI", "CO", "DI", "DO", "ER", "CD")
@@ -116,6 +119,8 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
         if not state:
             raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
         rows = runner.run(runner.queries["ui_queue_messages"], [queue_name, MESSAGE_LIMIT + 1])
+        runs = runner.run(runner.queries["ui_reader_runs"], [queue_name, RUN_LIMIT])
+        activations = runner.run(runner.queries["ui_activations"], [queue_name, RUN_LIMIT])
     groups: dict[str, dict[str, Any]] = {}
     for group, handle, sequence, type_name, status, priority, enqueued, message_id, body \
             in rows[:MESSAGE_LIMIT]:
@@ -142,6 +147,28 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
         "depth": int(ready or 0),
         "truncated": len(rows) > MESSAGE_LIMIT,
         "groups": list(groups.values()),
+        "reader_runs": [_reader_run(*run) for run in runs],
+        "activations": [{
+            "task_id": str(task_id), "procedure": procedure, "execute_as": execute_as,
+            "started_at": _iso(started), "ended_at": _iso(ended), "outcome": outcome,
+            "messages_received": received, "rollbacks": rollbacks, "exception": exception,
+        } for (task_id, procedure, execute_as, started, ended, outcome, received, rollbacks,
+               exception) in activations],
+    }
+
+
+def _reader_run(run_id: uuid.UUID, started: dt.datetime, ended: dt.datetime | None,
+                airflow: dict[str, Any] | None, summary: dict[str, Any] | None
+                ) -> dict[str, Any]:
+    summary = summary or {}
+    return {
+        "run_id": str(run_id),
+        "started_at": _iso(started),
+        "ended_at": _iso(ended),
+        # dag_id, run_id, task_id, map_index, try_number of the task that submitted it.
+        "task_instance": airflow,
+        **{key: summary.get(key) for key in RUN_COUNTS},
+        "failed_readers": summary.get("failed_readers") or [],
     }
 
 

@@ -280,8 +280,11 @@ def run_reader(target: str) -> int:
                     schema=os.environ.get("AIRFLOW_BROKER_SCHEMA") or None,
                     application_name=f"airflow-broker-reader {queue_name}"[:63])
     outcome, error, code = "ended", None, 0
+    # A PostgreSQL procedure RECEIVEs inside the database, out of this client's count: its
+    # activation log says "not known" rather than 0 received.
+    in_database = is_procedure_target(target)
     try:
-        if is_procedure_target(target):
+        if in_database:
             drain_with_procedure(broker, queue_name, target)
         else:
             load_target(target)(ActivationContext(broker, queue_name, task_id))
@@ -293,7 +296,8 @@ def run_reader(target: str) -> int:
             with psycopg.connect(broker.dsn, autocommit=True) as conn:
                 conn.execute(
                     broker.queries.call("activation_ended", 5),
-                    [task_id, outcome, broker.stats.received, broker.stats.rollbacks, error])
+                    [task_id, outcome, None if in_database else broker.stats.received,
+                     None if in_database else broker.stats.rollbacks, error])
         finally:
             broker.close()
     return code

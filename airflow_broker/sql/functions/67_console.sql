@@ -155,6 +155,46 @@ BEGIN
 END
 $$;
 
+-- The newest reader runs of a queue (Spark jobs of readers, or any run of QueueReader), with
+-- the Airflow task instance that started one (the "airflow" key ActivatedReaderOperator puts in
+-- its plan) and its counts: a running run's are the summary so far.
+CREATE OR REPLACE FUNCTION console_reader_runs(p_queue text, p_limit integer)
+RETURNS TABLE (run_id uuid, started_at timestamp, ended_at timestamp, airflow jsonb,
+               summary jsonb)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := console_readable_queue(p_queue);
+BEGIN
+    RETURN QUERY
+    SELECT r.run_id, r.started_at, r.ended_at, r.summary -> 'airflow',
+           CASE WHEN r.ended_at IS NULL THEN reader_run_summary(r.run_id) ELSE r.summary END
+      FROM reader_runs r
+     WHERE r.queue_name IN (q.name, q.schema_name || '.' || q.name)
+     ORDER BY r.started_at DESC
+     LIMIT p_limit;
+END
+$$;
+
+-- The newest activations of a queue's procedure (internal activation): who ran it, how it
+-- ended, what it received and rolled back, and the exception that ended it.
+CREATE OR REPLACE FUNCTION console_activations(p_queue text, p_limit integer)
+RETURNS TABLE (task_id uuid, procedure text, execute_as text, started_at timestamp,
+               ended_at timestamp, outcome text, messages_received bigint, rollbacks bigint,
+               exception text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := console_readable_queue(p_queue);
+BEGIN
+    RETURN QUERY
+    SELECT a.task_id, a.procedure, a.execute_as, a.started_at, a.ended_at, a.outcome,
+           a.messages_received, a.rollbacks, a.exception
+      FROM activation_log a
+     WHERE a.queue_id = q.object_id
+     ORDER BY a.started_at DESC
+     LIMIT p_limit;
+END
+$$;
+
 -- A queue's quarantined and parked (retrying) messages, oldest first.
 CREATE OR REPLACE FUNCTION console_quarantine(p_queue text)
 RETURNS TABLE (quarantine_id bigint, status text, quarantined_at timestamp, attempts integer,

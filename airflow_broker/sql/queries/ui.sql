@@ -25,6 +25,17 @@ SELECT conversation_group_id, conversation_handle, message_sequence_number,
        message_type_name, status, priority, enqueued_at, message_id, message_body
   FROM {schema}.console_queue_messages(%s, %s)
 
+-- ui_reader_runs --
+-- The newest reader runs of one queue the login may RECEIVE from, at most %s of them.
+SELECT run_id, started_at, ended_at, airflow, summary
+  FROM {schema}.console_reader_runs(%s, %s)
+
+-- ui_activations --
+-- The newest activations of one queue's procedure, for a login that may RECEIVE from it.
+SELECT task_id, procedure, execute_as, started_at, ended_at, outcome, messages_received,
+       rollbacks, exception
+  FROM {schema}.console_activations(%s, %s)
+
 -- ui_quarantine --
 -- One queue's quarantined and parked messages, for a login that may RECEIVE from it.
 SELECT quarantine_id, status, quarantined_at, attempts, conversation_handle,

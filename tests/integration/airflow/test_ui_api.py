@@ -4,6 +4,7 @@ database, with tokens of Airflow's own auth manager (SimpleAuthManager) and its 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -564,3 +565,24 @@ def test_the_logins_refusal_of_a_retry_comes_back_with_229(
     assert response.json()["error_number"] == 229
     assert "q_i" in response.json()["detail"]
     assert transmission_rows(app.broker) == before
+
+
+def test_a_queue_page_lists_its_reader_runs_with_their_task_instances(
+        ui: Ui, app: App) -> None:
+    """A reader run started by ActivatedReaderOperator keeps its task instance; the queue page
+    lists the queue's runs, newest first, with their counts and that task instance."""
+    from airflow_broker.readers import runs
+
+    submitted = {"dag_id": "broker_spark_readers", "run_id": "manual__1",
+                 "task_id": "brokerage_readers", "map_index": -1, "try_number": 2}
+    first, second = uuid.uuid4(), uuid.uuid4()
+    runs.begin_run(app.broker, first, QUEUE, {"queue": QUEUE})
+    runs.finish_run(app.broker, first)
+    runs.begin_run(app.broker, second, QUEUE, {"queue": QUEUE, "airflow": submitted})
+    page = ui.get(f"/api/queues/{QUEUE}", "viewer").json()
+    assert [r["run_id"] for r in page["reader_runs"]] == [str(second), str(first)]
+    newest, oldest = page["reader_runs"]
+    assert newest["task_instance"] == submitted and newest["ended_at"] is None
+    assert (newest["readers"], newest["received"], newest["failed_readers"]) == (0, None, [])
+    assert oldest["task_instance"] is None and oldest["ended_at"] is not None
+    assert page["activations"] == []

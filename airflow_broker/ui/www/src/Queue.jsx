@@ -1,4 +1,5 @@
-import { Badge, Box, Code, Heading, Stack, Table, Text } from "@chakra-ui/react";
+import { Badge, Box, Code, Heading, Link, Stack, Table, Text } from "@chakra-ui/react";
+import { Link as RouterLink } from "react-router-dom";
 
 import { getJson, queuePath } from "./api";
 import { when } from "./format";
@@ -49,8 +50,98 @@ export function Queue({ name }) {
               </Table.Root>
             </Box>
           ))}
+          <ReaderRuns runs={data.reader_runs} />
+          <Activations activations={data.activations} />
         </Stack>
       )}
+    </Box>
+  );
+}
+
+// Airflow's own route of a task instance: its page, on the try that ran the readers.
+function taskInstancePath(ti) {
+  const base = `/dags/${encodeURIComponent(ti.dag_id)}/runs/${encodeURIComponent(ti.run_id)}` +
+    `/tasks/${encodeURIComponent(ti.task_id)}`;
+  return `${base}${ti.map_index >= 0 ? `/mapped/${ti.map_index}` : ""}?try_number=${ti.try_number}`;
+}
+
+function ReaderRuns({ runs }) {
+  return (
+    <Box>
+      <Heading size="md" mb={1}>Reader runs</Heading>
+      {runs.length === 0 ? <Text data-testid="no-reader-runs">No reader run has read this queue.</Text> : (
+        <Table.Root size="sm">
+          <Table.Header>
+            <Table.Row>
+              <Table.ColumnHeader>Started</Table.ColumnHeader>
+              <Table.ColumnHeader>Ended</Table.ColumnHeader>
+              <Table.ColumnHeader>Task instance</Table.ColumnHeader>
+              <Table.ColumnHeader textAlign="end">Readers</Table.ColumnHeader>
+              <Table.ColumnHeader textAlign="end">Received</Table.ColumnHeader>
+              <Table.ColumnHeader textAlign="end">Processed</Table.ColumnHeader>
+              <Table.ColumnHeader textAlign="end">Quarantined</Table.ColumnHeader>
+              <Table.ColumnHeader>Failed readers</Table.ColumnHeader>
+            </Table.Row>
+          </Table.Header>
+          <Table.Body>
+            {runs.map((r) => (
+              <Table.Row key={r.run_id} data-testid="reader-run">
+                <Table.Cell>{when(r.started_at)}</Table.Cell>
+                <Table.Cell>{r.ended_at ? when(r.ended_at) : <Badge colorPalette="blue">running</Badge>}</Table.Cell>
+                <Table.Cell>
+                  {r.task_instance ? (
+                    <Link asChild colorPalette="blue" data-testid="reader-run-task">
+                      <RouterLink to={taskInstancePath(r.task_instance)}>
+                        {r.task_instance.dag_id} / {r.task_instance.task_id}, try {r.task_instance.try_number}
+                      </RouterLink>
+                    </Link>
+                  ) : <Text color="fg.muted">not started by Airflow</Text>}
+                </Table.Cell>
+                <Table.Cell textAlign="end">{r.readers ?? ""}</Table.Cell>
+                <Table.Cell textAlign="end">{r.received ?? 0}</Table.Cell>
+                <Table.Cell textAlign="end">{r.processed ?? 0}</Table.Cell>
+                <Table.Cell textAlign="end">{r.quarantined ?? 0}</Table.Cell>
+                <Table.Cell>{r.failed_readers.length ? r.failed_readers.join(", ") : ""}</Table.Cell>
+              </Table.Row>
+            ))}
+          </Table.Body>
+        </Table.Root>
+      )}
+    </Box>
+  );
+}
+
+function Activations({ activations }) {
+  if (activations.length === 0) return null;
+  return (
+    <Box>
+      <Heading size="md" mb={1}>Activations</Heading>
+      <Table.Root size="sm">
+        <Table.Header>
+          <Table.Row>
+            <Table.ColumnHeader>Started</Table.ColumnHeader>
+            <Table.ColumnHeader>Procedure</Table.ColumnHeader>
+            <Table.ColumnHeader>As</Table.ColumnHeader>
+            <Table.ColumnHeader>Outcome</Table.ColumnHeader>
+            <Table.ColumnHeader textAlign="end">Received</Table.ColumnHeader>
+            <Table.ColumnHeader textAlign="end">Rollbacks</Table.ColumnHeader>
+            <Table.ColumnHeader>Exception</Table.ColumnHeader>
+          </Table.Row>
+        </Table.Header>
+        <Table.Body>
+          {activations.map((a) => (
+            <Table.Row key={a.task_id} data-testid="activation">
+              <Table.Cell>{when(a.started_at)}</Table.Cell>
+              <Table.Cell><Code>{a.procedure}</Code></Table.Cell>
+              <Table.Cell>{a.execute_as || ""}</Table.Cell>
+              <Table.Cell>{a.ended_at ? a.outcome : <Badge colorPalette="blue">running</Badge>}</Table.Cell>
+              <Table.Cell textAlign="end">{a.messages_received ?? ""}</Table.Cell>
+              <Table.Cell textAlign="end">{a.rollbacks ?? ""}</Table.Cell>
+              <Table.Cell>{a.exception || ""}</Table.Cell>
+            </Table.Row>
+          ))}
+        </Table.Body>
+      </Table.Root>
     </Box>
   );
 }
