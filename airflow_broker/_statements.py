@@ -1,7 +1,6 @@
 """What every broker statement shares: the runner of statements on the caller's connection, the
 state shared by the Transactions of one Broker (rendered statements, catalogue caches, WAITFOR
-wake-ups, poison detection's side connection), and the mapping of database errors to
-BrokerError.
+wake-ups, poison detection), and the mapping of database errors to BrokerError.
 
 The runner is the engine's: its COMMIT, its raw statements and its pipeline are never public
 names of a Transaction, which holds it privately (``runner_of``)."""
@@ -14,28 +13,19 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import psycopg
 from psycopg import sql
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 
-from airflow_broker.errors import (
-    InvalidObjectName,
-    PoisonDetectionUnavailable,
-    SchemaValidationNeedsPython,
-    translate,
-)
-from airflow_broker.messages import Message
-from airflow_broker.poison.detection import SideChannel
+from airflow_broker.errors import InvalidObjectName, SchemaValidationNeedsPython, translate
 from airflow_broker.queries import Queries
 from airflow_broker.validation import MessageTypeInfo
 from airflow_broker.waitfor import WakeUps
 
 TUPLES_OK = ExecStatus.TUPLES_OK
-# The side connection's prepared statement of poison detection's record.
-REGISTER_RECEIVE = b"airflow_broker_register_receive"
 
 
 @dataclass
@@ -46,15 +36,25 @@ class BrokerStats:
     rollbacks: int = 0
 
 
+class ReceiveRecorder(Protocol):
+    """Poison-message detection as the statements call it: RECEIVE hands it every receive, to
+    be recorded where the transaction's rollback cannot undo it. The Broker gives Shared the
+    implementation (``airflow_broker.poison.detection.PoisonDetection``), which builds on this
+    module: the statements call the layer above without importing it."""
+
+    def received(self, runner: StatementRunner, queue_id: int, xid: str,
+                 message_ids: Sequence[uuid.UUID], poison_handling: bool) -> None: ...
+
+
 class Shared:
     """What the Transactions of one Broker share: its schema's queries, the catalogue caches,
-    WAITFOR wake-ups, poison detection's side connection and the counts of what was done."""
+    WAITFOR wake-ups, poison detection and the counts of what was done."""
 
-    def __init__(self, queries: Queries, wakeups: WakeUps, side: SideChannel,
+    def __init__(self, queries: Queries, wakeups: WakeUps, poison: ReceiveRecorder,
                  poll_interval: float) -> None:
         self.queries = queries
         self.wakeups = wakeups
-        self.side = side
+        self.poison = poison
         self.poll_interval = poll_interval
         self.stats = BrokerStats()
         # Message types are forgotten by this Broker's DDL; queue ids are never kept (a
@@ -62,8 +62,6 @@ class Shared:
         # process would not see), so WAITFOR and expect_receive look them up each time.
         self._message_types: dict[str, MessageTypeInfo | None] = {}
         self._lock = threading.Lock()
-        # Whether this Broker's role may record receives for poison detection (checked once).
-        self._can_record = False
 
     def message_type_info(self, runner: StatementRunner, name: str) -> MessageTypeInfo | None:
         with self._lock:
@@ -89,35 +87,6 @@ class Shared:
             raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
         return int(found)
 
-    def check_poison_record(self, runner: StatementRunner) -> None:
-        """Refuses a RECEIVE whose rollback could not be counted: the record is written on the
-        side connection, where a missing grant would only be logged and poison detection
-        would be off for this reader without anyone knowing."""
-        if self._can_record:
-            return
-        role, allowed = runner.run(self.queries["poison_record_allowed"])[0]
-        if not allowed:
-            raise PoisonDetectionUnavailable(
-                f"The role '{role}' cannot record its receiving transactions for "
-                "poison-message detection (it needs EXECUTE on register_receive, which the "
-                "broker grants to PUBLIC): a RECEIVE it rolled back would not count. Grant "
-                "it again, or turn POISON_MESSAGE_HANDLING off for the queue.")
-        self._can_record = True
-
-    def register_receive(self, queue_id: int, xid: str, message_ids: list[uuid.UUID],
-                         backend_pid: int) -> None:
-        # The values in text, rendered by hand: each is an integer or a UUID (nothing to
-        # quote), and psycopg's adaptation of a UUID array cost more than the rest of the call.
-        ids = ",".join(str(m) for m in message_ids)
-        self.side.post_prepared(
-            REGISTER_RECEIVE, self.queries["register_receive"],
-            [b"%d" % int(queue_id), b"%d" % int(xid), b"{%s}" % ids.encode(),
-             b"%d" % int(backend_pid)])
-
-    def resolve_receives(self, queue_ids: set[int]) -> None:
-        for queue_id in sorted(queue_ids):
-            self.side.run(self.queries["resolve_receives"] % int(queue_id))
-
 
 class StatementRunner:
     """Runs broker functions on one connection, inside the caller's transaction."""
@@ -133,7 +102,8 @@ class StatementRunner:
         self.schema = shared.queries.schema
         # Groups locked inside each open savepoint(), innermost last.
         self._savepoint_groups: list[set[uuid.UUID]] = []
-        # Queues this transaction received from (resolved for poison detection on rollback).
+        # Queues this transaction received from, filled in by poison detection, which resolves
+        # them when the transaction rolls back.
         self.received_queues: set[int] = set()
         # In a pipelined transaction: psycopg's pipeline, and the posted statements whose
         # answers are still to be handed to their callbacks.
@@ -165,33 +135,14 @@ class StatementRunner:
         if self._savepoint_groups:
             self._savepoint_groups[-1].update(groups)
 
-    def received_from(
-        self, queue_id: int, xid: str, messages: list[Message], poison_handling: bool
-    ) -> None:
-        """Registers a receiving transaction for poison-message detection, on the Broker's own
-        connection so that the record survives this transaction's rollback."""
-        self.shared.stats.received += len(messages)
-        if (self._pipeline is None
-                and self._conn.info.transaction_status == TransactionStatus.IDLE):
-            # An autocommit RECEIVE has committed already: nothing can roll it back. (In
-            # pipeline mode libpq reports the status of the last Sync, from before this
-            # transaction's BEGIN: a pipelined transaction is always one.)
-            return
-        self.received_queues.add(queue_id)
-        if poison_handling:
-            self.shared.check_poison_record(self)
-            self.shared.register_receive(queue_id, xid, [m.message_id for m in messages],
-                                         self._conn.info.backend_pid)
-
-    def expect_receive(self, queue_name: str) -> None:
-        """Registers this transaction for poison-message detection before code this process
-        does not see receives in it (an activated PostgreSQL procedure): if it rolls back, it
-        counts as a rolled-back receive of the queue."""
-        rows = self.run(self.queries["queue_id_and_xid"], [queue_name])
-        if not rows or rows[0][0] is None:
-            raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
-        queue_id, xid = rows[0]
-        self.received_from(int(queue_id), xid, [], True)
+    @property
+    def in_transaction(self) -> bool:
+        """Whether the statements so far are in a transaction that can still roll back (an
+        autocommit statement has committed when it returns)."""
+        # In pipeline mode libpq reports the status of the last Sync, from before this
+        # transaction's BEGIN: a pipelined transaction is always one.
+        return (self._pipeline is not None
+                or self._conn.info.transaction_status != TransactionStatus.IDLE)
 
     def function(self, name: str, arity: int, casts: Sequence[str] | None = None) -> bytes:
         """``SELECT schema.name(%s, ...)`` rendered once per schema, function and arity, so the

@@ -20,7 +20,8 @@ from airflow_broker import migrations, reconnect
 from airflow_broker._statements import BrokerStats, Shared, runner_of
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.messages import Message
-from airflow_broker.poison.detection import SideChannel
+from airflow_broker.poison.detection import PoisonDetection
+from airflow_broker.poison.side_channel import SideChannel
 from airflow_broker.queries import DEFAULT_SCHEMA, Queries
 from airflow_broker.transaction import Transaction
 from airflow_broker.waitfor import WakeUps
@@ -82,9 +83,12 @@ class Broker:
         )
         self._outage = reconnect.Outage(f"broker pool {self.pool.name}", logger=log)
         self.queries = Queries(self.schema)
-        # Poison detection's records, which must survive the caller's rollback.
-        self.shared = Shared(self.queries, WakeUps(self.dsn, self.schema),
-                             SideChannel(self.dsn, application_name, role), poll_interval)
+        # Poison detection's records, which must survive the caller's rollback, go out on a
+        # connection of their own.
+        self._poison = PoisonDetection(SideChannel(self.dsn, application_name, role),
+                                       self.queries)
+        self.shared = Shared(self.queries, WakeUps(self.dsn, self.schema), self._poison,
+                             poll_interval)
 
     @property
     def poll_interval(self) -> float:
@@ -178,7 +182,7 @@ class Broker:
                 if runner.received_queues:
                     # A rolled-back receive counts towards poison detection at once.
                     self.stats.rollbacks += 1
-                    self.shared.resolve_receives(runner.received_queues)
+                    self._poison.resolve(runner.received_queues)
                 raise
 
     def receive(
@@ -213,7 +217,7 @@ class Broker:
     def close(self) -> None:
         self.shared.wakeups.close()
         self.pool.close()
-        self.shared.side.close()
+        self._poison.close()
         if self.embedded is not None:
             self.embedded.release()
             self.embedded = None

@@ -88,7 +88,8 @@ def _quarantine(args: argparse.Namespace) -> int:
 
     with Broker(args.dsn, schema=args.schema) as broker:
         if args.action == "list":
-            rows = quarantine.list_quarantined(broker, args.queue, args.all)
+            with broker.transaction() as tx:
+                rows = quarantine.list_quarantined(tx, args.queue, args.all)
             if args.json:
                 import dataclasses
                 import json
@@ -104,12 +105,15 @@ def _quarantine(args: argparse.Namespace) -> int:
                 print(f"      error: {r.error}")
                 print(f"      body:  {r.body_text()}")
             return 0
-        ids = [r.quarantine_id for r in quarantine.list_quarantined(broker, args.queue)
-               ] if args.all else args.ids
+        ids = args.ids
+        if args.all:
+            with broker.transaction() as tx:
+                ids = [r.quarantine_id for r in quarantine.list_quarantined(tx, args.queue)]
         if not ids:
             print("nothing to do: give quarantine ids, or --all with --queue")
             return 2
-        done = (quarantine.replay if args.action == "replay" else quarantine.discard)(broker, ids)
+        with broker.transaction() as tx:
+            done = (quarantine.replay if args.action == "replay" else quarantine.discard)(tx, ids)
         print(f"{args.action}ed {done} messages")
     return 0
 

@@ -45,7 +45,9 @@ class ReceiveStatements(Statements):
             if messages:
                 runner.locked_groups({m.conversation_group_id for m in messages})
                 xid, queue_id, poison_handling = rows[0][len(RECEIVED_COLUMNS):]
-                runner.received_from(queue_id, xid, messages, poison_handling)
+                runner.shared.stats.received += len(messages)
+                runner.shared.poison.received(runner, queue_id, xid,
+                                              [m.message_id for m in messages], poison_handling)
             return messages
 
         return self._waitfor(queue_name, once, bool, waitfor, timeout, [])

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
-from airflow_broker.poison.detection import SideChannel
+from airflow_broker.poison.side_channel import SideChannel
 from airflow_broker.queries import named_blocks
 
 BARE_TABLE = "bench.bare_insert"
@@ -202,7 +202,7 @@ class ReceiveRecorder:
     """Poison detection's record of a floor reader's receiving transactions (floors.sql's
     receive_record), as the broker's RECEIVE keeps it: prepared on a side connection in
     autocommit and posted there without waiting for it, its answer read before the next one is
-    posted, through the broker's own side channel (airflow_broker.poison.detection). The rows
+    posted, through the broker's own side channel (airflow_broker.poison.side_channel). The rows
     taken carry the message id and the transaction id as their fourth and fifth columns."""
 
     def __init__(self, dsn: str, conn: Conn, queue: str) -> None:

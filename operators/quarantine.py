@@ -37,12 +37,16 @@ class QuarantineOperator(BaseOperator):
     def execute(self, context: Context) -> list[int]:
         with BrokerHook(self.broker_conn_id) as hook:
             broker = hook.get_broker()
-            ids = ([int(i) for i in self.quarantine_ids] if self.quarantine_ids is not None
-                   else [q.quarantine_id
-                         for q in quarantine.list_quarantined(broker, self.queue_name)])
+            if self.quarantine_ids is not None:
+                ids = [int(i) for i in self.quarantine_ids]
+            else:
+                with broker.transaction() as tx:
+                    ids = [q.quarantine_id
+                           for q in quarantine.list_quarantined(tx, self.queue_name)]
             if ids:
-                (quarantine.replay if self.action == "replay" else quarantine.discard)(broker,
-                                                                                       ids)
+                with broker.transaction() as tx:
+                    (quarantine.replay if self.action == "replay" else quarantine.discard)(tx,
+                                                                                           ids)
         self.log.info("%s %d quarantined messages: %s", "replayed" if self.action == "replay"
                       else "discarded", len(ids), ids)
         return ids

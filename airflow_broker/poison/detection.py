@@ -1,168 +1,103 @@
-"""A connection of a Broker's own for statements that must outlive the caller's transaction:
-poison detection's record of a receiving transaction, and the resolution of a rolled-back one.
+"""Poison-message detection: the record of every transaction that received, kept where that
+transaction's rollback cannot undo it, and the resolution of the records into the count that
+disables a queue after five rollbacks in a row.
 
-The record is posted, not awaited: RECEIVE returns as soon as the statement has been written to
-the server, and its answer is read before the channel's next statement. Waiting for it cost a
-round trip and the server's work on every RECEIVE. Once written, the statement runs even when
-this process is killed the next instant (the server reads what was sent before it sees the
-connection close), which is the case poison detection exists for. A connection the server
-ended is found out before the next record goes out on it; a record whose connection is lost
-before its answer came is sent again on the next one.
+The statements call one thing here, :meth:`PoisonDetection.received`, through the Broker's
+shared state (``_statements.ReceiveRecorder``): that is how RECEIVE, far below this package,
+records without importing it. The Broker resolves a transaction's records when it rolls back,
+and the broker worker resolves every queue's in each pass, which also counts the transactions
+of readers that died.
 """
 
 from __future__ import annotations
 
-import logging
-import select
-import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterable, Sequence
 
 import psycopg
-from psycopg import pq, sql
 from psycopg.rows import TupleRow
 
-from airflow_broker.reconnect import Outage, usable
+from airflow_broker._statements import StatementRunner, runner_of
+from airflow_broker.errors import InvalidObjectName, PoisonDetectionUnavailable
+from airflow_broker.poison.side_channel import SideChannel
+from airflow_broker.queries import Queries
+from airflow_broker.transaction import Transaction
 
-log = logging.getLogger(__name__)
-
-_FAILED = "a statement of poison detection's side connection failed: %s"
-
-
-# A statement for the side connection: its text and, when it is sent as a prepared statement,
-# the statement's name and its values in text.
-_Statement = tuple[bytes, tuple[bytes, Sequence[bytes]] | None]
+# The side connection's prepared statement of a record.
+REGISTER_RECEIVE = b"airflow_broker_register_receive"
 
 
-class SideChannel:
-    def __init__(self, dsn: str, application_name: str, role: str | None) -> None:
-        self.dsn = dsn
-        self.application_name = application_name
-        self.role = role
-        self._conn: psycopg.Connection[TupleRow] | None = None
-        # The statement posted last, until its answer is read: sent again on a new connection
-        # when the one it went out on is lost first, since the server may never have run it.
-        self._pending: _Statement | None = None
-        # The statements prepared on the current connection.
-        self._prepared: set[bytes] = set()
-        self._lock = threading.Lock()
-        self._outage = Outage("poison detection's side connection", logger=log)
+class PoisonDetection:
+    """One Broker's poison detection: its side connection and what it has checked."""
 
-    def post_prepared(self, name: bytes, query: bytes, params: Sequence[bytes]) -> None:
-        """Sends ``query`` as the prepared statement ``name`` (prepared on its first use on
-        each connection; the server neither parses nor plans it again, which was a quarter of
-        a record's cost to its backend) with the text values ``params``, without waiting for
-        its answer. An error in it is logged. Statements posted this way must have the same
-        effect when run twice: one whose connection is lost before its answer is read is
-        sent again."""
-        self._on_connection((query, (name, tuple(params))), wait=False)
+    def __init__(self, side: SideChannel, queries: Queries) -> None:
+        self.side = side
+        self.queries = queries
+        # Whether this Broker's role may record receives (checked once).
+        self._can_record = False
 
-    def run(self, query: bytes) -> None:
-        """Runs ``query`` and waits for it (and for anything posted before it)."""
-        self._on_connection((query, None), wait=True)
+    def received(self, runner: StatementRunner, queue_id: int, xid: str,
+                 message_ids: Sequence[uuid.UUID], poison_handling: bool) -> None:
+        """Records that ``runner``'s transaction received ``message_ids`` from the queue, on
+        the side connection, so that the record survives the transaction's rollback."""
+        if not runner.in_transaction:
+            # An autocommit RECEIVE has committed already: nothing can roll it back.
+            return
+        runner.received_queues.add(queue_id)
+        if poison_handling:
+            self._check_may_record(runner)
+            # The receive has begun the transaction: conn sends nothing here.
+            self._register(queue_id, xid, message_ids, runner.conn.info.backend_pid)
+
+    def resolve(self, queue_ids: Iterable[int]) -> None:
+        """Counts the rolled-back receives of the queues at once, so that the fifth rollback
+        disables its queue before the next RECEIVE."""
+        for queue_id in sorted(queue_ids):
+            self.side.run(self.queries["resolve_receives"] % int(queue_id))
 
     def close(self) -> None:
-        with self._lock:
-            try:
-                if self._conn is not None and not self._conn.closed:
-                    self._collect(self._conn)
-            except psycopg.OperationalError as exc:
-                log.error(_FAILED, exc)
-            finally:
-                self._forget()
-                self._pending = None
+        self.side.close()
 
-    def _on_connection(self, statement: _Statement, *, wait: bool) -> None:
-        with self._lock:
-            sent = False
-            for attempt in (1, 2):
-                try:
-                    conn = self._connection()
-                    self._collect(conn)
-                    if not sent:
-                        # Once sent, a retry finds it pending and _connection() sends it again.
-                        sent = True
-                        self._send(conn, statement)
-                    if wait:
-                        self._collect(conn)
-                    self._outage.recovered()
-                    return
-                except psycopg.OperationalError as exc:
-                    self._forget()
-                    if attempt == 2:
-                        # The server is away: this record is lost (the caller's own
-                        # statements fail too), logged once an outage.
-                        self._outage.failed(exc)
-                        log.debug(_FAILED, exc)
-                        self._pending = None
-
-    def _send(self, conn: psycopg.Connection[TupleRow], statement: _Statement) -> None:
-        query, prepared = statement
-        # Pending before it is sent: a send that fails sends it again on the next connection.
-        self._pending = statement
-        pgconn = conn.pgconn
-        if prepared is None:
-            pgconn.send_query(query)
+    def _check_may_record(self, runner: StatementRunner) -> None:
+        """Refuses a RECEIVE whose rollback could not be counted: the record is written on the
+        side connection, where a missing grant would only be logged and poison detection
+        would be off for this reader without anyone knowing."""
+        if self._can_record:
             return
-        name, params = prepared
-        if name not in self._prepared:
-            result = pgconn.prepare(name, query)
-            if result.status == pq.ExecStatus.FATAL_ERROR:
-                self._pending = None
-                if pgconn.status != pq.ConnStatus.OK:
-                    raise psycopg.OperationalError("the side connection was lost")
-                message = (result.error_message or b"").decode(errors="replace").strip()
-                log.error(_FAILED, message)
-                return
-            self._prepared.add(name)
-        # Blocking mode: returns once every byte is written.
-        pgconn.send_query_prepared(name, list(params))
+        role, allowed = runner.run(self.queries["poison_record_allowed"])[0]
+        if not allowed:
+            raise PoisonDetectionUnavailable(
+                f"The role '{role}' cannot record its receiving transactions for "
+                "poison-message detection (it needs EXECUTE on register_receive, which the "
+                "broker grants to PUBLIC): a RECEIVE it rolled back would not count. Grant "
+                "it again, or turn POISON_MESSAGE_HANDLING off for the queue.")
+        self._can_record = True
 
-    def _connection(self) -> psycopg.Connection[TupleRow]:
-        conn = self._conn
-        # A connection the server ended while idle (a restart, pg_terminate_backend) is only
-        # found out by reading from it: before a statement goes out on it, not after.
-        if (conn is not None and not conn.closed and not conn.broken and self._pending is None
-                and not usable(conn)):
-            raise psycopg.OperationalError("the side connection was lost")
-        if conn is None or conn.closed or conn.broken:
-            self._forget()
-            conn = psycopg.connect(self.dsn, autocommit=True,
-                                   application_name=f"{self.application_name}-side")
-            # Losing a record in a server crash only loses a count; no fsync wait.
-            conn.execute("SET synchronous_commit = off")
-            if self.role:
-                conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
-            self._conn = conn
-            if self._pending is not None:
-                # The statement whose answer never came, before anything newer.
-                statement, self._pending = self._pending, None
-                self._send(conn, statement)
-                self._collect(conn)
-        return conn
+    def _register(self, queue_id: int, xid: str, message_ids: Sequence[uuid.UUID],
+                  backend_pid: int) -> None:
+        # The values in text, rendered by hand: each is an integer or a UUID (nothing to
+        # quote), and psycopg's adaptation of a UUID array cost more than the rest of the call.
+        ids = ",".join(str(m) for m in message_ids)
+        self.side.post_prepared(
+            REGISTER_RECEIVE, self.queries["register_receive"],
+            [b"%d" % int(queue_id), b"%d" % int(xid), b"{%s}" % ids.encode(),
+             b"%d" % int(backend_pid)])
 
-    def _collect(self, conn: psycopg.Connection[TupleRow]) -> None:
-        """Reads the answer of the statement posted last, if it has not been read yet."""
-        if self._pending is None:
-            return
-        pgconn = conn.pgconn
-        pgconn.consume_input()
-        while pgconn.is_busy():
-            # Wait for the socket outside libpq, so that other threads run meanwhile.
-            select.select([pgconn.socket], [], [])
-            pgconn.consume_input()
-        while (result := pgconn.get_result()) is not None:
-            if result.status == pq.ExecStatus.FATAL_ERROR:
-                if pgconn.status != pq.ConnStatus.OK:
-                    raise psycopg.OperationalError("the side connection was lost")
-                message = (result.error_message or b"").decode(errors="replace").strip()
-                log.error(_FAILED, message)
-        if pgconn.status != pq.ConnStatus.OK:
-            raise psycopg.OperationalError("the side connection was lost")
-        self._pending = None
 
-    def _forget(self) -> None:
-        """Drops the connection; what is pending stays, to be sent again."""
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._prepared = set()
+def expect_receive(tx: Transaction, queue_name: str) -> None:
+    """Records ``tx`` as a receiving transaction of the queue before code this process does
+    not see receives in it (an activated PostgreSQL procedure): if it rolls back, it counts as
+    a rolled-back receive of the queue."""
+    runner = runner_of(tx)
+    rows = runner.run(runner.queries["queue_id_and_xid"], [queue_name])
+    if not rows or rows[0][0] is None:
+        raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
+    queue_id, xid = rows[0]
+    runner.shared.poison.received(runner, int(queue_id), xid, [], True)
+
+
+def resolve_all_receives(conn: psycopg.Connection[TupleRow], queries: Queries) -> int:
+    """The broker worker's resolution of every queue's records, in the transaction open on
+    ``conn``; returns how many queues it disabled."""
+    row = conn.execute(queries["resolve_all_receives"]).fetchone()
+    return int(row[0]) if row else 0

@@ -12,7 +12,9 @@ function can also ``ctx.send()`` and ``ctx.end_conversation()`` and run its own 
 Each message is processed inside a savepoint, so one failing message never undoes the others.
 What happens to a failing message is the poison strategy's decision
 (:mod:`airflow_broker.poison.strategies`): roll the batch back, quarantine the message, end its
-conversation with an error, or park it for a retry on a conversation timer.
+conversation with an error, or park it for a retry on a conversation timer. The reader carries
+the decision out in its transaction, through :mod:`airflow_broker.poison.quarantine` and
+:mod:`airflow_broker.poison.parking`.
 
 EndDialog and Error messages end the conversation on this side (after the handler has seen an
 Error, if it wants to); DialogTimer messages retry parked messages under a strategy that parks
@@ -35,6 +37,8 @@ from airflow_broker.callables import load_callable
 from airflow_broker.dialogs import Body
 from airflow_broker.errors import IncorrectSyntax, QueueDisabledError, ValueOutOfRange
 from airflow_broker.messages import Message
+from airflow_broker.poison import parking
+from airflow_broker.poison.quarantine import quarantine_message
 from airflow_broker.poison.strategies import Action, Failure, PoisonStrategy, get_strategy
 from airflow_broker.readers.runs import AttemptLog, ReaderStats
 from airflow_broker.transaction import Transaction
@@ -304,69 +308,45 @@ class QueueReader:
         self._quarantine(ctx, message, f"{type(exc).__name__}: {exc}", tb, attempts)
         return True
 
-    def _quarantine(self, ctx: ReaderContext, message: Message, error: str, tb: str | None,
-                    attempts: int, status: str = "quarantined") -> None:
-        runner = runner_of(ctx.tx)
-        runner.scalar(
-            runner.function("quarantine_message", 13),
-            [self.config.queue_name, message.conversation_handle, message.conversation_group_id,
-             message.service_name, message.service_contract_name, message.message_type_name,
-             message.message_sequence_number, message.message_id, message.message_body, error,
-             tb, attempts, status])
-        if status == "quarantined":
-            self.stats.quarantined += 1
+    def _quarantine(self, ctx: ReaderContext, message: Message, error: str, tb: str,
+                    attempts: int) -> None:
+        quarantine_message(ctx.tx, self.config.queue_name, message, error, tb, attempts)
+        self.stats.quarantined += 1
 
     def _park(self, ctx: ReaderContext, message: Message, error: str, tb: str | None,
               count_attempt: bool = True) -> None:
-        self._quarantine(ctx, message, error, tb, message.attempts + (1 if count_attempt else 0),
-                         status="retrying")
+        parking.park(ctx.tx, self.config.queue_name, message, error, tb,
+                     message.attempts + (1 if count_attempt else 0))
 
     def _parked_conversations(self, tx: Transaction, handles: set[uuid.UUID]) -> set[uuid.UUID]:
         if not self.poison.parks:
             return set()
-        runner = runner_of(tx)
-        rows = runner.run(runner.queries["parked_conversations"], [list(handles)])
-        return {r[0] for r in rows}
+        return parking.parked_conversations(tx, handles)
 
     def _retry_parked(self, ctx: ReaderContext, conversation: uuid.UUID) -> bool:
         """The DialogTimer of a conversation with parked messages: try them again, in order.
         True while some still wait for a later retry."""
-        runner = runner_of(ctx.tx)
-        queries = runner.queries
-        rows = runner.run(queries["parked_messages"], [conversation])
-        for (qid, message_id, type_name, seq, body, attempts, group, service,
-             contract) in rows:
-            message = Message(
-                status=1, priority=5, queuing_order=0, conversation_group_id=group,
-                conversation_handle=conversation, message_sequence_number=seq,
-                service_name=service, service_id=0, service_contract_name=contract,
-                service_contract_id=0, message_type_name=type_name, message_type_id=0,
-                validation="N", message_body=body, message_id=message_id, attempts=attempts)
+        for parked in parking.parked_messages(ctx.tx, conversation):
+            message = parked.message
             try:
                 with ctx.tx.savepoint():
                     self._reply(ctx, message, self.handler(message, ctx))
             except Exception as exc:
-                attempts += 1
-                action = self.poison.decide(
-                    Failure(message, exc, attempts, self.config.max_attempts))
-                # A parked message is parked again or quarantined: it has been rolled back
-                # from its batch already, and its conversation waits behind it.
-                if action is not Action.PARK:
-                    action = Action.QUARANTINE
+                attempts = message.attempts + 1
+                action = parking.retry_action(
+                    self.poison, Failure(message, exc, attempts, self.config.max_attempts))
                 self._event(message, attempts, exc, action.value)
                 if action is Action.QUARANTINE:
-                    runner.run(queries["parked_message_settle"],
-                               [qid, "quarantined", attempts, f"{type(exc).__name__}: {exc}",
-                                traceback.format_exc()])
+                    parking.settle(ctx.tx, parked, "quarantined", attempts,
+                                   f"{type(exc).__name__}: {exc}", traceback.format_exc())
                     self.stats.quarantined += 1
                     # What waited behind it is released, in order, for the next timer.
                     continue
-                runner.run(queries["parked_message_settle"],
-                           [qid, "failed", attempts, f"{type(exc).__name__}: {exc}", None])
+                parking.settle(ctx.tx, parked, "failed", attempts,
+                               f"{type(exc).__name__}: {exc}")
                 ctx.tx.begin_conversation_timer(conversation, self.config.retry_delay)
                 self.stats.retried += 1
                 return True
-            runner.run(queries["parked_message_settle"], [qid, "done", None, None, None])
+            parking.settle(ctx.tx, parked, "done")
             self.stats.processed += 1
         return False
-

@@ -23,6 +23,7 @@ from psycopg import sql
 from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
 from airflow_broker.errors import QueueDisabledError
+from airflow_broker.poison.detection import expect_receive
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,8 @@ def drain_with_procedure(broker: Broker, queue_name: str, procedure: str, *,
     while time.monotonic() - idle_since < idle_exit:
         try:
             with broker.transaction() as tx:
+                expect_receive(tx, queue_name)
                 runner = runner_of(tx)
-                runner.expect_receive(queue_name)
                 runner.run(call)
                 received = bool(runner.scalar(runner.queries["messages_taken_in_transaction"]))
         except QueueDisabledError as exc:

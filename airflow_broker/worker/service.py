@@ -30,6 +30,7 @@ from psycopg.rows import TupleRow
 
 from airflow_broker.broker import Broker
 from airflow_broker.errors import MessageTooLarge
+from airflow_broker.poison.detection import resolve_all_receives
 from airflow_broker.reconnect import Outage
 from airflow_broker.validation import MessageTypeInfo, verdict
 from airflow_broker.worker.activation import ActivationManager, configured_targets
@@ -117,8 +118,7 @@ class BrokerWorker:
 
     def _resolve_receives(self) -> int:
         with self.broker.pool.connection() as conn, conn.transaction():
-            row = conn.execute(self.broker.queries["resolve_all_receives"]).fetchone()
-        return int(row[0]) if row else 0
+            return resolve_all_receives(conn, self.broker.queries)
 
     def _transmit(self) -> int:
         if self.transport is None:

@@ -11,6 +11,7 @@ import pytest
 from airflow_broker import Broker
 from airflow_broker._statements import runner_of
 from airflow_broker.messages import Message
+from airflow_broker.poison.detection import expect_receive
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
 
@@ -57,14 +58,14 @@ def test_an_activated_procedures_rollbacks_count_for_the_new_queue(app: App) -> 
     rollbacks disable the new queue."""
     broker = app.broker
     with broker.transaction() as tx:
-        runner_of(tx).expect_receive("q_t")
+        expect_receive(tx, "q_t")
     recreate_q_t(broker.dsn)
     handle = app.dialog()
     with broker.transaction() as tx:
         tx.send(handle, "Req", "poison")
     for _ in range(5):
         with pytest.raises(RuntimeError), broker.transaction() as tx:
-            runner_of(tx).expect_receive("q_t")
+            expect_receive(tx, "q_t")
             assert tx.conn.execute("SELECT * FROM broker.receive('q_t', 1)").fetchall()
             raise RuntimeError("the procedure fails")
     assert count(broker, "SELECT count(*) FROM broker.service_queues"

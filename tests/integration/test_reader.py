@@ -13,6 +13,7 @@ from airflow_broker.readers.queue_reader import ReaderConfig
 from airflow_broker.worker import BrokerWorker
 from tests.support.brokers import App
 from tests.support.helpers import count
+from tests.support.quarantine import quarantined
 from tests.support.trading import booked, reader, send_trades
 
 
@@ -32,7 +33,7 @@ def test_quarantine_moves_the_bad_message_aside(trading: App) -> None:
     stats = reader(trading).run()
     assert (stats.received, stats.processed, stats.quarantined, stats.replied) == (20, 19, 1, 19)
     assert booked(trading) == 19
-    (q,) = quarantine.list_quarantined(trading.broker, "q_t")
+    (q,) = quarantined(trading.broker, "q_t")
     assert (q.message_sequence_number, q.attempts, q.status) == (2, 1, "quarantined")
     assert "XMLSyntaxError" in q.error
     with psycopg.connect(trading.broker.dsn) as conn:
@@ -56,7 +57,7 @@ def test_replay_after_the_fix_processes_the_message_once(
     assert "6 quarantined messages" in capsys.readouterr().out
     with psycopg.connect(trading.broker.dsn) as conn:
         conn.execute("UPDATE public.handler_fixed SET fixed = true")
-    ids = [q.quarantine_id for q in quarantine.list_quarantined(trading.broker, "q_t")]
+    ids = [q.quarantine_id for q in quarantined(trading.broker, "q_t")]
     assert main(["quarantine", "replay", *map(str, ids), "--dsn", trading.broker.dsn]) == 0
     stats = reader(trading, "tests.support.reader_handlers:flaky_until_fixed").run()
     assert stats.processed == 6 and booked(trading) == 6
@@ -64,22 +65,23 @@ def test_replay_after_the_fix_processes_the_message_once(
         order = conn.execute("SELECT conversation_handle, array_agg(sequence ORDER BY trade)"
                              " FROM public.results GROUP BY 1").fetchall()
     assert all(seqs == [0, 1, 2] for _, seqs in order)
-    assert quarantine.list_quarantined(trading.broker, "q_t") == []
+    assert quarantined(trading.broker, "q_t") == []
     # A replayed message cannot be replayed again, and a closed conversation refuses replays.
-    with pytest.raises(Exception, match="50111"):
-        quarantine.replay(trading.broker, ids[:1])
+    with pytest.raises(Exception, match="50111"), trading.broker.transaction() as tx:
+        quarantine.replay(tx, ids[:1])
 
 
 def test_replay_refused_once_the_conversation_ended(trading: App) -> None:
     send_trades(trading, 1, 1, bad={(0, 0)})
     reader(trading).run()
-    (q,) = quarantine.list_quarantined(trading.broker, "q_t")
+    (q,) = quarantined(trading.broker, "q_t")
     with trading.broker.transaction() as tx:
         tx.end_conversation(q.conversation_handle)
-    with pytest.raises(Exception, match="50112"):
-        quarantine.replay(trading.broker, [q.quarantine_id])
-    assert quarantine.discard(trading.broker, [q.quarantine_id]) == 1
-    assert quarantine.list_quarantined(trading.broker) == []
+    with pytest.raises(Exception, match="50112"), trading.broker.transaction() as tx:
+        quarantine.replay(tx, [q.quarantine_id])
+    with trading.broker.transaction() as tx:
+        assert quarantine.discard(tx, [q.quarantine_id]) == 1
+    assert quarantined(trading.broker) == []
 
 
 def test_end_conversation_strategy(trading: App) -> None:
@@ -106,7 +108,7 @@ def test_retry_strategy_is_bounded_by_attempts(trading: App) -> None:
     stats = reader(trading, strategy="retry", max_attempts=3).run()
     # Two rollbacks, then the third attempt quarantines it and the rest goes on.
     assert stats.retried == 2 and stats.quarantined == 1 and booked(trading) == 1
-    (q,) = quarantine.list_quarantined(trading.broker, "q_t")
+    (q,) = quarantined(trading.broker, "q_t")
     assert q.attempts == 3
     assert count(trading.broker, "SELECT count(*) FROM broker.service_queues"
                                  " WHERE name = 'q_t' AND is_receive_enabled") == 1
@@ -128,7 +130,7 @@ def test_timer_retry_keeps_the_conversation_in_order(trading: App) -> None:
     stats = r.run()
     # The first message failed and was parked; the two after it wait behind it.
     assert stats.retried == 1 and booked(trading) == 0
-    assert [q.status for q in quarantine.list_quarantined(trading.broker)] == ["retrying"] * 3
+    assert [q.status for q in quarantined(trading.broker)] == ["retrying"] * 3
     trading.broker.advance_clock(dt.timedelta(seconds=31))
     worker.run_once()
     stats = r.run()  # the DialogTimer: the retry fails again, a new timer is set
@@ -142,7 +144,7 @@ def test_timer_retry_keeps_the_conversation_in_order(trading: App) -> None:
     with psycopg.connect(trading.broker.dsn) as conn:
         seqs = [s for (s,) in conn.execute("SELECT sequence FROM public.results ORDER BY trade")]
     assert seqs == [0, 1, 2]
-    assert quarantine.list_quarantined(trading.broker) == []
+    assert quarantined(trading.broker) == []
 
 
 def test_timer_retry_gives_up_after_max_attempts(trading: App) -> None:
@@ -154,7 +156,7 @@ def test_timer_retry_gives_up_after_max_attempts(trading: App) -> None:
     trading.broker.advance_clock(dt.timedelta(seconds=11))
     worker.run_once()
     r.run()
-    (q,) = quarantine.list_quarantined(trading.broker)
+    (q,) = quarantined(trading.broker)
     assert (q.status, q.attempts) == ("quarantined", 2)
 
 

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 import airflow_broker.spark.reader as spark_reader
-from airflow_broker.poison import quarantine
 from tests.support import roles
 from tests.support.brokers import App
 from tests.support.helpers import count
+from tests.support.quarantine import quarantined
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -120,8 +120,8 @@ def test_spark_readers_process_2000_messages_exactly_once(trading: App) -> None:
     # Every reply reached the trader side.
     assert count(trading.broker, "SELECT count(*) FROM public.q_i"
                                  " WHERE message_type_name = 'Resp'") == good
-    quarantined = quarantine.list_quarantined(trading.broker, "q_t")
-    assert len(quarantined) == 20 and all("XMLSyntaxError" in q.error for q in quarantined)
+    held = quarantined(trading.broker, "q_t")
+    assert len(held) == 20 and all("XMLSyntaxError" in q.error for q in held)
     with psycopg.connect(trading.broker.dsn) as conn:
         stored = conn.execute("SELECT summary->>'processed' FROM broker.reader_runs"
                               " WHERE run_id = %s", [summary["run_id"]]).fetchone()
@@ -150,4 +150,4 @@ def test_a_killed_spark_reader_loses_nothing(trading: App) -> None:
     assert job.returncode == 0, output[-3000:]
     assert booked_before < good
     assert_exactly_once_in_order(trading, good)
-    assert quarantine.list_quarantined(trading.broker) == []
+    assert quarantined(trading.broker) == []

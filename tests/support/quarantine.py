@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from airflow_broker import Broker
 from airflow_broker._statements import runner_of
+from airflow_broker.poison import quarantine
+from airflow_broker.poison.quarantine import QuarantinedMessage
 
 
 @dataclass(frozen=True)
@@ -16,6 +18,12 @@ class PoisonedQueue:
     queue_name: str
     quarantine_ids: list[int]
     poison_message_id: uuid.UUID
+
+
+def quarantined(broker: Broker, queue_name: str | None = None) -> list[QuarantinedMessage]:
+    """The open quarantine, of one queue or of all, read in a transaction of its own."""
+    with broker.transaction() as tx:
+        return quarantine.list_quarantined(tx, queue_name)
 
 
 def quarantine_received(broker: Broker, queue_name: str, count: int, error: str) -> list[int]:

@@ -1,10 +1,13 @@
 """The package's structure, as docs/architecture.md describes it: the engine needs no Airflow
-(Spark executors and activated readers import it where Airflow must not be imported), the
-import graph has no cycle, and no module grows past a size a reader can hold in mind."""
+(Spark executors and activated readers import it where Airflow must not be imported), its
+imports point down its layers, the import graph has no cycle, between modules or between the
+folders and the modules beside them, and no module grows past a size a reader can hold in
+mind."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import tomllib
@@ -26,6 +29,26 @@ LONG_MODULES = {
     "airflow_broker.errors": "one class per SQL Server error number: a table, read by number",
 }
 MAX_LINES = 420
+# The engine's layers, lowest first (docs/architecture.md, "Layers"): a module imports from its
+# own layer and those below, never from one above. An entry is a module beside the folders or
+# a whole folder; "__init__" is the package's own, the public API.
+ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
+    # What the statements build on; none of it runs a broker statement.
+    ("errors", "messages", "validation", "events", "callables", "redaction", "reconnect",
+     "queries", "migrations", "embedded", "waitfor"),
+    # The runner, and what the Transactions of one Broker share.
+    ("_statements",),
+    # The statements.
+    ("catalog", "permissions", "dialogs", "receive"),
+    ("transaction",),
+    # Poison messages, one layer: the statements reach it through _statements.ReceiveRecorder,
+    # and it acts in the Transaction it is given, never through a Broker.
+    ("poison",),
+    ("broker", "__init__"),
+    # What runs on a Broker.
+    ("readers", "worker", "admin", "spark"),
+    ("cli", "get_provider_info"),
+)
 
 
 def _module_name(path: Path) -> str:
@@ -41,10 +64,16 @@ def modules() -> Iterator[tuple[str, Path]]:
         yield _module_name(path), path
 
 
+@functools.cache
+def known_modules() -> frozenset[str]:
+    return frozenset(name for name, _ in modules())
+
+
 def imports(name: str, path: Path) -> Iterator[str]:
     """Every module ``name`` imports: at module level, inside a function, or for type checking
     only (a cycle of types is a cycle of meaning all the same)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    known = known_modules()
 
     def visit(node: ast.AST) -> Iterator[str]:
         for child in ast.iter_child_nodes(node):
@@ -55,9 +84,12 @@ def imports(name: str, path: Path) -> Iterator[str]:
                 if child.level:
                     anchor = package.split(".")[:len(package.split(".")) - child.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
-                yield base
-                # "from package import module" imports the module
-                yield from (f"{base}.{alias.name}" for alias in child.names)
+                names = [f"{base}.{alias.name}" for alias in child.names]
+                # "from package import module" imports the module; the package comes with it
+                # by Python's rules, not by a choice of the importing module's.
+                if not all(imported in known for imported in names):
+                    yield base
+                yield from names
             else:
                 yield from visit(child)
 
@@ -87,8 +119,22 @@ def test_the_engine_never_imports_airflow() -> None:
     assert offenders == []
 
 
-def test_the_import_graph_has_no_cycle() -> None:
-    edges = graph()
+def unit(name: str) -> str:
+    """The entry of ENGINE_LAYERS a module belongs to: its folder, or itself beside them."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def unit_graph() -> dict[str, set[str]]:
+    """The import graph between the package's folders and the modules beside them."""
+    edges: dict[str, set[str]] = {}
+    for name, imported in graph().items():
+        edges.setdefault(unit(name), set()).update(
+            unit(m) for m in imported if unit(m) != unit(name))
+    return edges
+
+
+def cycles_of(edges: dict[str, set[str]]) -> list[list[str]]:
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
@@ -111,7 +157,47 @@ def test_the_import_graph_has_no_cycle() -> None:
     for node in sorted(edges):
         if node not in state:
             walk(node)
-    assert cycles == []
+    return cycles
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert cycles_of(graph()) == []
+
+
+def test_the_folders_and_the_modules_beside_them_have_no_cycle() -> None:
+    """A folder that imports a module beside it which imports the folder back is two halves of
+    one layer: each can only be understood with the other."""
+    assert cycles_of(unit_graph()) == []
+
+
+def test_every_engine_module_has_a_layer() -> None:
+    layered = [u for layer in ENGINE_LAYERS for u in layer]
+    assert len(layered) == len(set(layered))
+    engine = {unit(name) for name, _ in modules()} - set(NOT_ENGINE)
+    assert engine == set(layered)
+
+
+def test_the_engines_imports_point_down_its_layers() -> None:
+    level = {u: i for i, layer in enumerate(ENGINE_LAYERS) for u in layer}
+    upward = [f"{name} imports {m}" for name, imported in graph().items()
+              if unit(name) in level
+              for m in sorted(imported) if level.get(unit(m), -1) > level[unit(name)]]
+    assert upward == []
+
+
+def test_poison_imports_neither_the_broker_nor_the_readers() -> None:
+    """poison/ sits between Transaction and Broker: its quarantine and parking act in the
+    transaction they are given, and RECEIVE reaches its recording without importing it."""
+    above = ("airflow_broker.broker", "airflow_broker.readers", "airflow_broker.worker",
+             "airflow_broker.spark", "airflow_broker.admin", "airflow_broker.cli")
+    found = [f"{name} imports {m}" for name, imported in graph().items()
+             if unit(name) == "poison"
+             for m in sorted(imported) if m.startswith(above)]
+    assert found == []
+    assert not [name for name, imported in graph().items()
+                if unit(name) in ("_statements", "catalog", "permissions", "dialogs", "receive",
+                                  "transaction")
+                and any(unit(m) == "poison" for m in imported)]
 
 
 def test_every_registration_names_a_callable_of_the_tree() -> None:

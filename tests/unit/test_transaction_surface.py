@@ -47,7 +47,7 @@ HELPERS = {"savepoint", "conn"}
 RUNNER_ONLY = {
     "commit", "rollback", "run", "scalar", "post", "function", "sync", "pipelined",
     "pipelining", "begun", "queries", "shared", "schema", "received_queues",
-    "received_from", "expect_receive", "locked_groups",
+    "in_transaction", "locked_groups",
 }
 
 

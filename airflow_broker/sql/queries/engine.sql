@@ -9,15 +9,6 @@ SELECT (r.message).*, pg_current_xact_id_if_assigned()::text, r.queue_object_id,
        r.queue_poison_handling
 FROM {schema}.receive_with_queue(%s::text, %s::bigint, %s::uuid, %s::uuid) r
 
--- register_receive --
--- Poison detection's record of a receiving transaction, on the side connection, where it is
--- prepared once and sent with its values in text: queue id, xid, message ids, backend pid.
-SELECT {schema}.register_receive($1::integer, $2::xid8, $3::uuid[], $4::integer)
-
--- resolve_receives --
--- Counts a rolled-back receive of a queue at once (bytes formatting: the queue id).
-SELECT {schema}.resolve_receives(%d)
-
 -- message_type_validation --
 SELECT * FROM {schema}.message_type_validation(%s)
 
@@ -33,28 +24,6 @@ SELECT {schema}.advance_clock(%s)
 
 -- broker_instance --
 SELECT {schema}.broker_instance()
-
--- Poison strategies' parked messages (airflow_broker.readers.queue_reader)
-
--- parked_conversations --
-SELECT * FROM {schema}.parked_conversations(%s::uuid[])
-
--- parked_messages --
-SELECT * FROM {schema}.parked_messages(%s)
-
--- parked_message_settle --
--- Quarantine id, outcome (done, failed, quarantined), attempts, error, traceback.
-SELECT {schema}.settle_parked(%s, %s, %s, %s, %s)
-
--- Quarantine (airflow_broker.poison.quarantine)
-
--- quarantined_messages --
-SELECT quarantine_id, queue_name, status, quarantined_at, attempts, conversation_handle,
-       message_type_name, message_sequence_number, message_id, message_body, error
-FROM {schema}.quarantined_messages
-WHERE (%s::text IS NULL OR queue_name = %s)
-  AND (%s OR status IN ('quarantined', 'retrying'))
-ORDER BY quarantined_at, quarantine_id
 
 -- WAITFOR's waiters, for the engine's wake-ups and the Airflow triggers alike
 -- (airflow_broker.waitfor, airflow_broker.triggers)
@@ -78,9 +47,6 @@ SELECT queue_id, name, activation_procedure, execute_as, internal_activation
 FROM {schema}.monitored_queues ORDER BY queue_id
 
 -- The broker worker and the transport (airflow_broker.worker)
-
--- resolve_all_receives --
-SELECT {schema}.resolve_receives()
 
 -- broker_instance_text --
 SELECT service_broker_guid::text FROM {schema}.broker_identity
@@ -152,19 +118,7 @@ ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now(
 -- schema_migrations_exists --
 SELECT to_regclass(%s) IS NOT NULL
 
--- poison_record_allowed --
--- Whether this role can record its receiving transactions for poison-message detection, as
--- register_receive() does on the side connection, where a refusal could only be logged.
-SELECT current_user::text,
-       has_function_privilege('{schema}.register_receive(integer, xid8, uuid[], integer)',
-                              'EXECUTE')
-
 -- Activated PostgreSQL procedures (airflow_broker.worker.procedures)
-
--- queue_id_and_xid --
--- The queue an activated procedure will receive from, and its transaction, for poison
--- detection's record (NULL for a queue the login may not see).
-SELECT (SELECT object_id FROM {schema}.queue_reference(%s)), pg_current_xact_id()::text
 
 -- messages_taken_in_transaction --
 -- Whether this transaction has received anything so far: RECEIVE deletes a message from

@@ -19,11 +19,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from airflow_broker.operators import ActivatedReaderOperator
 from airflow_broker.operators.spark import ReaderRunFailed
-from airflow_broker.poison import quarantine
 from airflow_broker.spark import cluster as spark_cluster
 from tests.fixtures.airflow import RunDag, task_states, xcom
 from tests.support.brokers import App
 from tests.support.helpers import count
+from tests.support.quarantine import quarantined
 from tests.support.spark_cluster import SparkCluster
 
 
@@ -47,7 +47,7 @@ def run_reader_job(run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch,
     assert count(app.broker, "SELECT count(*) FROM public.results") == 99
     discarded = xcom(dag_run, "discard")
     assert len(discarded) == 1
-    assert quarantine.list_quarantined(app.broker, "q_t") == []
+    assert quarantined(app.broker, "q_t") == []
     # The run knows the task instance that submitted it (the broker's queue page links it).
     assert summary["airflow"] == {"dag_id": "t_spark_reader", "run_id": dag_run.run_id,
                                   "task_id": "read", "map_index": -1, "try_number": 1}
