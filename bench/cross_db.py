@@ -44,12 +44,12 @@ from airflow_broker.migrations import install as install_broker
 from airflow_broker.worker import BrokerWorker
 from airflow_broker.worker.transport import address_of, next_step_size
 from bench import ours_setup
-from bench.harness import Env
 from bench.latency import samples
 from bench.ops import FLOOR_READER_SETTINGS, OpParams, floors, with_settings
 from bench.ours_ops import MESSAGE_TYPE
 from bench.report import Row, Scenario, Target, median, percentile
 from bench.rounds import Contender, alternate, time_budget
+from bench.scenario import Env, register
 from bench.workers import Measurement
 
 TITLE = "SEND to RECEIVE between two brokers in two databases, vs within one database"
@@ -304,6 +304,7 @@ def _set_up(env: Env, far_dsn: str) -> Brokers:
     return Brokers(env, far_dsn, far_target, local)
 
 
+@register("k")
 def cross_database(env: Env) -> Scenario:
     name = far_database_name(env.dsn)
     env.progress(f"k: creating database {name} with a broker of its own (broker B)")

@@ -13,9 +13,9 @@ import random
 import time
 
 from bench import ours_setup, pgmq_peer
-from bench.harness import Env
 from bench.ops import OpParams
 from bench.report import Row, Scenario, Target, median, percentile
+from bench.scenario import Env, register
 from bench.workers import StepperTask
 
 RECEIVER, SENDER = 0, 1
@@ -62,6 +62,7 @@ def samples(env: Env, receiver: str, sender: str, params: OpParams, count: int,
     return latencies, timeouts
 
 
+@register("e")
 def wakeup(env: Env) -> Scenario:
     target = env.catalog.targets["wait"]
     handle = str(ours_setup.begin_dialogs(env.broker, target, 1)[0])

@@ -1,6 +1,8 @@
 """The package's structure, as docs/architecture.md describes it: the engine needs no Airflow
 (Spark executors and activated readers import it where Airflow must not be imported), the
-import graph has no cycle, and no module grows past a size a reader can hold in mind."""
+import graph of the package and of the benchmark (bench/) has no cycle, and no module grows past
+a size a reader can hold in mind. The benchmark's scenarios register themselves: its harness
+imports none of them."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "airflow_broker"
+BENCH = PACKAGE.parent / "bench"
 # Installed inside airflow_broker; each imports Airflow.
 AIRFLOW_FOLDERS = ("hooks", "operators", "sensors", "triggers", "notifications", "queues")
 # Not engine: the demo's Airflow DAG lives with the demo; the UI plugin runs in Airflow's
@@ -41,6 +44,13 @@ def modules() -> Iterator[tuple[str, Path]]:
         yield _module_name(path), path
 
 
+def project_modules() -> Iterator[tuple[str, Path]]:
+    """The package's modules and the benchmark's."""
+    yield from modules()
+    for path in sorted(BENCH.glob("*.py")):
+        yield _module_name(path), path
+
+
 def imports(name: str, path: Path) -> Iterator[str]:
     """Every module ``name`` imports: at module level, inside a function, or for type checking
     only (a cycle of types is a cycle of meaning all the same)."""
@@ -65,7 +75,7 @@ def imports(name: str, path: Path) -> Iterator[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    known = dict(modules())
+    known = dict(project_modules())
     return {name: {m for m in imports(name, path) if m in known and m != name}
             for name, path in known.items()}
 
@@ -112,6 +122,32 @@ def test_the_import_graph_has_no_cycle() -> None:
         if node not in state:
             walk(node)
     assert cycles == []
+
+
+def _registers_a_scenario(path: Path) -> bool:
+    """Whether a module registers a scenario of the benchmark (``@register(...)``)."""
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+               and node.func.id == "register"
+               for node in ast.walk(ast.parse(path.read_text(), str(path))))
+
+
+def test_the_bench_harness_imports_no_scenario() -> None:
+    """The scenarios register themselves (bench.scenario), bench.suite names them; the harness
+    runs what is registered and imports no scenario, and no scenario imports the harness."""
+    edges = graph()
+    scenarios = {name for name, path in project_modules()
+                 if name.startswith("bench.") and _registers_a_scenario(path)}
+    assert len(scenarios) >= 8, sorted(scenarios)
+    assert edges["bench.harness"] & scenarios == set()
+    assert sorted(name for name in scenarios if "bench.harness" in edges[name]) == []
+
+
+def test_every_letter_of_the_benchmark_has_one_measurement() -> None:
+    import bench.suite  # noqa: F401  (loads the scenario modules, which register themselves)
+    from bench.scenario import RUN_ORDER, SCENARIOS, registered
+
+    letters = [letter for measurement in registered() for letter in measurement.letters]
+    assert sorted(letters) == sorted(SCENARIOS) == sorted(RUN_ORDER)
 
 
 def test_every_registration_names_a_callable_of_the_tree() -> None:
