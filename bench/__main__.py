@@ -6,9 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.harness import DSN_ENV, SCENARIOS, Options, execute
+from bench.harness import DSN_ENV
 from bench.pgmq_peer import PgmqUnavailable
 from bench.report import table
+from bench.scenario import SCENARIOS, Options
+from bench.suite import execute
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "latest.json"
 

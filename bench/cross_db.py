@@ -28,8 +28,6 @@ returning the message in B (across) or in A (local).
 
 from __future__ import annotations
 
-import math
-import random
 import threading
 import time
 import uuid
@@ -44,12 +42,12 @@ from airflow_broker.migrations import install as install_broker
 from airflow_broker.worker import BrokerWorker
 from airflow_broker.worker.transport import address_of, next_step_size
 from bench import ours_setup
-from bench.harness import Env
-from bench.latency import samples
+from bench.latency import alternate_samples
 from bench.ops import FLOOR_READER_SETTINGS, OpParams, floors, with_settings
 from bench.ours_ops import MESSAGE_TYPE
-from bench.report import Row, Scenario, Target, median, percentile
+from bench.report import Row, Scenario, Target, median
 from bench.rounds import Contender, alternate, time_budget
+from bench.scenario import Env, register
 from bench.workers import Measurement
 
 TITLE = "SEND to RECEIVE between two brokers in two databases, vs within one database"
@@ -304,6 +302,7 @@ def _set_up(env: Env, far_dsn: str) -> Brokers:
     return Brokers(env, far_dsn, far_target, local)
 
 
+@register("k")
 def cross_database(env: Env) -> Scenario:
     name = far_database_name(env.dsn)
     env.progress(f"k: creating database {name} with a broker of its own (broker B)")
@@ -439,38 +438,19 @@ def _throughput(env: Env, brokers: Brokers) -> tuple[list[Row], str]:
 
 
 def _latency(env: Env, brokers: Brokers) -> tuple[list[Row], str]:
-    rounds = env.options.rounds
-    per_round = math.ceil(env.options.latency_samples / rounds)
-    rng = random.Random(11)
-    latencies: dict[str, list[float]] = {side: [] for side in SIDES}
-    p50s: dict[str, list[float]] = {side: [] for side in SIDES}
-    timeouts = dict.fromkeys(SIDES, 0)
-    for number in range(rounds):
-        order = SIDES if number % 2 == 0 else tuple(reversed(SIDES))
-        for side in order:
-            across = side == "across"
-            handle = brokers.fresh_dialog(side)
-            params = OpParams(FAR_QUEUE if across else LOCAL_QUEUE, (str(handle),))
-            got, missed = samples(env, "ours.wait_receiver", "ours.commit_sender", params,
-                                  per_round, rng,
-                                  receiver_dsn=brokers.far_dsn if across else None)
-            latencies[side] += got
-            timeouts[side] += missed
-            p50 = median(got)
-            if p50 is not None:
-                p50s[side].append(p50 * 1000)
-            env.progress(
-                f"k2 round {number + 1}/{rounds} {side}: {len(got)} samples, p50 "
-                f"{(p50 or 0) * 1000:.2f} ms" + (f", {missed} timed out" if missed else "")
-            )
+    def ready(side: str) -> tuple[str, str, OpParams, str | None]:
+        across = side == "across"
+        handle = brokers.fresh_dialog(side)
+        params = OpParams(FAR_QUEUE if across else LOCAL_QUEUE, (str(handle),))
+        return ("ours.wait_receiver", "ours.commit_sender", params,
+                brokers.far_dsn if across else None)
 
-    def ms(value: float | None) -> float | None:
-        return None if value is None else value * 1000
-
+    measured = alternate_samples(env, "k2", SIDES, 11, "samples", ready)
+    latencies, p50s, timeouts = measured.latencies, measured.p50s, measured.timeouts
     rows = [
         Row(f"SEND commit to WAITFOR RECEIVE return, {name}", "ms", PEER_LABEL,
-            ms(percentile(latencies["local"], fraction)),
-            ms(percentile(latencies["across"], fraction)), higher_is_better=False,
+            measured.ms("local", fraction), measured.ms("across", fraction),
+            higher_is_better=False,
             peer_rounds=p50s["local"] if fraction == 0.5 else [],
             ours_rounds=p50s["across"] if fraction == 0.5 else [])
         for name, fraction in (("p50", 0.5), ("p99", 0.99))

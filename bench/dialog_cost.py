@@ -30,7 +30,7 @@ from psycopg.conninfo import make_conninfo
 from airflow_broker import END_DIALOG, Broker
 from bench import ours_setup, pgmq_peer
 from bench.cpu import process_cpu
-from bench.harness import Options, database, durable, prepare_database
+from bench.harness import database, durable, prepare_database
 from bench.ops import (
     DialogFloorAnswer,
     DialogFloorBegin,
@@ -42,6 +42,7 @@ from bench.ops import (
     json_body,
 )
 from bench.ours_ops import MESSAGE_TYPE
+from bench.scenario import Options
 
 APPLICATION = "bench-dialog-cost"
 REQUESTS, REPLIES = "bench_cost_request", "bench_cost_reply"

@@ -48,11 +48,11 @@ from collections.abc import Callable
 
 from bench import ours_setup, pgmq_peer
 from bench.cpu import machine_cpu
-from bench.harness import Env
 from bench.ops import OpParams
 from bench.ours_ops import MESSAGE_TYPE
 from bench.report import Row, Scenario, Target, median
 from bench.rounds import Contender, alternate, time_budget
+from bench.scenario import Env, register
 from bench.workers import Measurement
 
 PRODUCER, ANSWERER, CLOSER = 0, 1, 2
@@ -80,6 +80,7 @@ def _completed(measured: Measurement) -> float:
     return measured.results[CLOSER].messages / measured.elapsed
 
 
+@register("h")
 def full_dialog(env: Env) -> Scenario:
     target = env.catalog.targets["dialog"]
     initiator = env.catalog.dialog_initiator

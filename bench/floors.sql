@@ -5,6 +5,132 @@
 -- broker's statements: what they reach against the bare INSERT and pgmq is the most any SEND,
 -- RECEIVE or dialog could reach on the machine. Blocks headed "-- name --", as in
 -- airflow_broker/sql/queries.
+--
+-- A block whose name starts with _ is a part of statements, written once because several
+-- statements hold it (an unchecked floor and its checked variant, or checks every statement of
+-- a kind makes): a statement names it as {_name}, or {_name(argument, ...)} with the arguments
+-- put in for {0}, {1}, ...; bench.ops.floors() puts it in place, its lines after the first
+-- indented as the line that names it, so the statements sent are as if written out.
+
+-- _message_columns --
+-- The columns a message is stored with, in the order the broker's INSERTs name them.
+(queue_id, priority, conversation_group_id,
+                                   conversation_handle, message_sequence_number, precedence,
+                                   service_id, service_contract_id, message_type_id,
+                                   message_body, message_id, enqueued_at)
+
+-- _allowed --
+-- The caller may act on object {1} of class {0} ({2}, or CONTROL): a member of the schema's
+-- owner, or of a grantee of a permission not denied. Arguments: class, object, permission.
+(pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
+                                 WHERE nspname = 'broker'), 'MEMBER')
+     OR EXISTS (SELECT 1 FROM broker.permissions p
+                 WHERE p.class = {0} AND p.major_id = {1}
+                   AND p.permission IN ({2}, 'CONTROL') AND p.state <> 'D'
+                   AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+
+-- _new_dialog --
+-- A new dialog's ids and what BEGIN DIALOG finds by name (the columns of dialog_begin's
+-- new).
+SELECT i.service_id AS initiator_id, t.service_id AS target_id,
+       t.service_queue_id AS target_queue, c.service_contract_id, mt.message_type_id,
+       gen_random_uuid() AS initiator_handle, gen_random_uuid() AS target_handle,
+       gen_random_uuid() AS initiator_group, gen_random_uuid() AS target_group,
+       gen_random_uuid() AS conversation_id,
+       now() AT TIME ZONE 'UTC' AS now
+
+-- _dialog_begin_writes --
+-- What a dialog begun with its request delivered writes: both conversation groups, both
+-- endpoints CONVERSING and message 0 on the target's queue (the rest of dialog_begin's
+-- statement after new).
+groups AS (
+    INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
+    SELECT initiator_group, initiator_id FROM new
+    UNION ALL SELECT target_group, target_id FROM new
+), sides AS (
+    INSERT INTO broker.endpoints {_endpoint_columns}
+    SELECT initiator_handle, conversation_id, true, service_contract_id, initiator_group,
+           initiator_id, target_handle, %(target)s, now + interval '2147483647 seconds', 'CO',
+           now, 1
+      FROM new
+    UNION ALL
+    SELECT target_handle, conversation_id, false, service_contract_id, target_group,
+           target_id, initiator_handle, %(initiator)s, now + interval '2147483647 seconds',
+           'CO', now, 0
+      FROM new
+)
+INSERT INTO broker.queue_messages {_message_columns}
+SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
+       message_type_id, %(body)s, gen_random_uuid(), now
+  FROM new
+
+-- _endpoint_columns --
+-- The columns an endpoint with its far handle is created with.
+(conversation_handle, conversation_id, is_initiator,
+                              service_contract_id, conversation_group_id, service_id,
+                              far_handle, far_service, lifetime, state, created_at,
+                              send_sequence)
+
+-- _initiator_may_send --
+-- The contract {0} is one target service t accepts, and it lets the initiator send message
+-- type mt.
+EXISTS (SELECT 1 FROM broker.service_def_contracts u
+             WHERE u.service_id = t.service_id
+               AND u.service_contract_id = {0})
+AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
+             WHERE u.service_contract_id = {0}
+               AND u.message_type_id = mt.message_type_id AND u.is_sent_by_initiator)
+
+-- _receive_taking --
+-- RECEIVE's choice, as CTEs: the first conversation group among the first ready messages
+-- (the window) of queue {0} that no other transaction holds, locked, and its first n messages
+-- in conversation order, as CTE {1}.
+taken_group AS (
+    SELECT g.conversation_group_id
+      FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
+              FROM broker.queue_messages m
+             WHERE m.queue_id = {0}
+               AND m.status = 1
+             ORDER BY m.priority DESC, m.queuing_order
+             LIMIT %(window)s) m
+      JOIN broker.dialog_groups g ON g.conversation_group_id = m.conversation_group_id
+     ORDER BY m.priority DESC, m.queuing_order
+     LIMIT 1
+       FOR NO KEY UPDATE OF g SKIP LOCKED
+), {1} AS (
+    SELECT m.queuing_order
+      FROM broker.queue_messages m
+     WHERE m.conversation_group_id = (SELECT conversation_group_id FROM taken_group)
+       AND m.status = 1
+     ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
+     LIMIT %(top)s
+)
+
+-- _reply_checks --
+-- What the target's reply is checked for (ce its endpoint, os its service, mt the message
+-- type): the endpoint CONVERSING with nothing in the transmission queue, the message type
+-- one the contract lets this side send, and the caller allowed to RECEIVE on its queue.
+WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
+  AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
+                   WHERE t.conversation_handle = ce.conversation_handle)
+  AND os.service_id = ce.service_id AND mt.name = %(message_type)s
+  AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
+               WHERE u.service_contract_id = ce.service_contract_id
+                 AND u.message_type_id = mt.message_type_id
+                 AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
+                          ELSE u.is_sent_by_target END)
+  AND {_allowed(1, os.service_queue_id, 'RECEIVE')}
+
+-- _peer_ended --
+-- The initiator's endpoint marked as ended by its peer (DISCONNECTED_INBOUND), its queue
+-- enabled, as CTE peer; its RETURNING list goes on where this is named.
+peer AS (
+    UPDATE broker.endpoints p SET state = 'DI'
+      FROM own, broker.service_defs ps, broker.queues pq
+     WHERE p.conversation_handle = own.far_handle AND p.state IN ('SI', 'CO')
+       AND ps.service_id = p.service_id AND pq.object_id = ps.service_queue_id
+       AND pq.is_enqueue_enabled
+    RETURNING p.conversation_handle, p.conversation_group_id, p.service_id, own.sequence,
 
 -- send --
 -- SEND of one message on an open local conversation: the sender's endpoint locked and its
@@ -15,10 +141,7 @@ WITH sender AS (
      WHERE conversation_handle = %(handle)s
     RETURNING far_handle, send_sequence - 1 AS sequence, service_contract_id, priority
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT s.service_queue_id, sender.priority, peer.conversation_group_id,
        peer.conversation_handle, sender.sequence, 2, peer.service_id,
        sender.service_contract_id, t.message_type_id, %(body)s, gen_random_uuid(),
@@ -32,67 +155,18 @@ SELECT s.service_queue_id, sender.priority, peer.conversation_group_id,
 -- BEGIN DIALOG and SEND of the request, delivered at once: both endpoints with their own
 -- conversation groups, and message 0 on the target's queue.
 WITH new AS (
-    SELECT i.service_id AS initiator_id, t.service_id AS target_id,
-           t.service_queue_id AS target_queue, c.service_contract_id, mt.message_type_id,
-           gen_random_uuid() AS initiator_handle, gen_random_uuid() AS target_handle,
-           gen_random_uuid() AS initiator_group, gen_random_uuid() AS target_group,
-           gen_random_uuid() AS conversation_id,
-           now() AT TIME ZONE 'UTC' AS now
+    {_new_dialog}
       FROM broker.service_defs i, broker.service_defs t, broker.contracts c,
            broker.message_types mt
      WHERE i.name = %(initiator)s AND t.name = %(target)s AND c.name = %(contract)s
        AND mt.name = %(message_type)s
-), groups AS (
-    INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
-    SELECT initiator_group, initiator_id FROM new
-    UNION ALL SELECT target_group, target_id FROM new
-), sides AS (
-    INSERT INTO broker.endpoints (conversation_handle, conversation_id, is_initiator,
-                                  service_contract_id, conversation_group_id, service_id,
-                                  far_handle, far_service, lifetime, state, created_at,
-                                  send_sequence)
-    SELECT initiator_handle, conversation_id, true, service_contract_id, initiator_group,
-           initiator_id, target_handle, %(target)s, now + interval '2147483647 seconds', 'CO',
-           now, 1
-      FROM new
-    UNION ALL
-    SELECT target_handle, conversation_id, false, service_contract_id, target_group,
-           target_id, initiator_handle, %(initiator)s, now + interval '2147483647 seconds',
-           'CO', now, 0
-      FROM new
-)
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
-SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
-       message_type_id, %(body)s, gen_random_uuid(), now
-  FROM new
+), {_dialog_begin_writes}
 
 -- receive --
 -- RECEIVE TOP(n): the first conversation group among the queue's first ready messages (the
 -- window) that no other transaction holds, locked, and its first n messages in conversation
 -- order taken (n NULL: all of them). Run without sequential scans, as the broker's RECEIVE.
-WITH taken_group AS (
-    SELECT g.conversation_group_id
-      FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
-              FROM broker.queue_messages m
-             WHERE m.queue_id = (SELECT object_id FROM broker.queues WHERE name = %(queue)s)
-               AND m.status = 1
-             ORDER BY m.priority DESC, m.queuing_order
-             LIMIT %(window)s) m
-      JOIN broker.dialog_groups g ON g.conversation_group_id = m.conversation_group_id
-     ORDER BY m.priority DESC, m.queuing_order
-     LIMIT 1
-       FOR NO KEY UPDATE OF g SKIP LOCKED
-), taken AS (
-    SELECT m.queuing_order
-      FROM broker.queue_messages m
-     WHERE m.conversation_group_id = (SELECT conversation_group_id FROM taken_group)
-       AND m.status = 1
-     ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
-     LIMIT %(top)s
-)
+WITH {_receive_taking((SELECT object_id FROM broker.queues WHERE name = %(queue)s), taken)}
 DELETE FROM broker.queue_messages m
  USING taken
  WHERE m.queuing_order = taken.queuing_order
@@ -125,10 +199,7 @@ WITH own AS (
     RETURNING p.conversation_handle, p.conversation_group_id, p.service_id, own.sequence,
               own.service_contract_id, own.priority
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT s.service_queue_id, peer.priority, peer.conversation_group_id, peer.conversation_handle,
        peer.sequence + x.n, 2, peer.service_id, peer.service_contract_id, x.type_id, x.body,
        gen_random_uuid(), now() AT TIME ZONE 'UTC'
@@ -157,10 +228,7 @@ WITH sender AS (
      WHERE conversation_handle = %(handle)s
     RETURNING far_handle, send_sequence - %(count)s AS first, service_contract_id, priority
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT s.service_queue_id, sender.priority, peer.conversation_group_id,
        peer.conversation_handle, sender.first + b.ord - 1, 2, peer.service_id,
        sender.service_contract_id, t.message_type_id, b.body, gen_random_uuid(),
@@ -229,10 +297,7 @@ WITH arrived AS (
       FROM receiver r
      WHERE e.conversation_handle = r.conversation_handle AND r.inbound_sequence <= r.last
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT s.service_queue_id, r.priority, r.conversation_group_id, r.conversation_handle, a.seq,
        2, r.service_id, r.service_contract_id, t.message_type_id, a.body, gen_random_uuid(),
        now() AT TIME ZONE 'UTC'
@@ -250,87 +315,23 @@ DELETE FROM broker.transmissions WHERE transmission_id = ANY (%(ids)s::bigint[])
 
 -- dialog_begin_checked --
 WITH new AS (
-    SELECT i.service_id AS initiator_id, t.service_id AS target_id,
-           t.service_queue_id AS target_queue, c.service_contract_id, mt.message_type_id,
-           gen_random_uuid() AS initiator_handle, gen_random_uuid() AS target_handle,
-           gen_random_uuid() AS initiator_group, gen_random_uuid() AS target_group,
-           gen_random_uuid() AS conversation_id,
-           now() AT TIME ZONE 'UTC' AS now
+    {_new_dialog}
       FROM broker.service_defs i, broker.service_defs t, broker.contracts c,
            broker.message_types mt, broker.queues tq
      WHERE i.name = %(initiator)s AND t.name = %(target)s AND c.name = %(contract)s
        AND mt.name = %(message_type)s
        AND tq.object_id = t.service_queue_id AND tq.is_enqueue_enabled
-       AND EXISTS (SELECT 1 FROM broker.service_def_contracts u
-                    WHERE u.service_id = t.service_id
-                      AND u.service_contract_id = c.service_contract_id)
-       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
-                    WHERE u.service_contract_id = c.service_contract_id
-                      AND u.message_type_id = mt.message_type_id AND u.is_sent_by_initiator)
+       AND {_initiator_may_send(c.service_contract_id)}
        AND octet_length(%(body)s::bytea) <= 2147483647
-       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
-                                        WHERE nspname = 'broker'), 'MEMBER')
-            OR EXISTS (SELECT 1 FROM broker.permissions p
-                        WHERE p.class = 17 AND p.major_id = t.service_id
-                          AND p.permission IN ('SEND', 'CONTROL') AND p.state <> 'D'
-                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
-), groups AS (
-    INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
-    SELECT initiator_group, initiator_id FROM new
-    UNION ALL SELECT target_group, target_id FROM new
-), sides AS (
-    INSERT INTO broker.endpoints (conversation_handle, conversation_id, is_initiator,
-                                  service_contract_id, conversation_group_id, service_id,
-                                  far_handle, far_service, lifetime, state, created_at,
-                                  send_sequence)
-    SELECT initiator_handle, conversation_id, true, service_contract_id, initiator_group,
-           initiator_id, target_handle, %(target)s, now + interval '2147483647 seconds', 'CO',
-           now, 1
-      FROM new
-    UNION ALL
-    SELECT target_handle, conversation_id, false, service_contract_id, target_group,
-           target_id, initiator_handle, %(initiator)s, now + interval '2147483647 seconds',
-           'CO', now, 0
-      FROM new
-)
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
-SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
-       message_type_id, %(body)s, gen_random_uuid(), now
-  FROM new
+       AND {_allowed(17, t.service_id, 'SEND')}
+), {_dialog_begin_writes}
 
 -- receive_checked --
 WITH q AS (
     SELECT q.object_id FROM broker.queues q
      WHERE q.name = %(queue)s AND q.is_receive_enabled
-       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
-                                        WHERE nspname = 'broker'), 'MEMBER')
-            OR EXISTS (SELECT 1 FROM broker.permissions p
-                        WHERE p.class = 1 AND p.major_id = q.object_id
-                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
-                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
-), taken_group AS (
-    SELECT g.conversation_group_id
-      FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
-              FROM broker.queue_messages m
-             WHERE m.queue_id = (SELECT object_id FROM q)
-               AND m.status = 1
-             ORDER BY m.priority DESC, m.queuing_order
-             LIMIT %(window)s) m
-      JOIN broker.dialog_groups g ON g.conversation_group_id = m.conversation_group_id
-     ORDER BY m.priority DESC, m.queuing_order
-     LIMIT 1
-       FOR NO KEY UPDATE OF g SKIP LOCKED
-), picked AS (
-    SELECT m.queuing_order
-      FROM broker.queue_messages m
-     WHERE m.conversation_group_id = (SELECT conversation_group_id FROM taken_group)
-       AND m.status = 1
-     ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
-     LIMIT %(top)s
-), taken AS (
+       AND {_allowed(1, q.object_id, 'RECEIVE')}
+), {_receive_taking((SELECT object_id FROM q), picked)}, taken AS (
     DELETE FROM broker.queue_messages m
      USING picked
      WHERE m.queuing_order = picked.queuing_order
@@ -351,37 +352,14 @@ WITH own AS (
        SET send_sequence = send_sequence + 2, end_dialog_sequence = send_sequence + 1,
            state = 'CD'
       FROM broker.service_defs os, broker.message_types mt
-     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
-       AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
-                        WHERE t.conversation_handle = ce.conversation_handle)
-       AND os.service_id = ce.service_id AND mt.name = %(message_type)s
-       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
-                    WHERE u.service_contract_id = ce.service_contract_id
-                      AND u.message_type_id = mt.message_type_id
-                      AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
-                               ELSE u.is_sent_by_target END)
-       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
-                                        WHERE nspname = 'broker'), 'MEMBER')
-            OR EXISTS (SELECT 1 FROM broker.permissions p
-                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
-                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
-                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+     {_reply_checks}
     RETURNING ce.far_handle, ce.send_sequence - 2 AS sequence, ce.service_contract_id,
               ce.priority, mt.message_type_id
-), peer AS (
-    UPDATE broker.endpoints p SET state = 'DI'
-      FROM own, broker.service_defs ps, broker.queues pq
-     WHERE p.conversation_handle = own.far_handle AND p.state IN ('SI', 'CO')
-       AND ps.service_id = p.service_id AND pq.object_id = ps.service_queue_id
-       AND pq.is_enqueue_enabled
-    RETURNING p.conversation_handle, p.conversation_group_id, p.service_id, own.sequence,
+), {_peer_ended}
               own.service_contract_id, own.priority, own.message_type_id,
               ps.service_queue_id
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT peer.service_queue_id, peer.priority, peer.conversation_group_id,
        peer.conversation_handle, peer.sequence + x.n, 2, peer.service_id,
        peer.service_contract_id, coalesce(x.type_id, peer.message_type_id), x.body,
@@ -399,12 +377,7 @@ WITH gone AS (
                         WHERE m.conversation_handle = ce.conversation_handle)
        AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
                         WHERE t.conversation_handle = ce.conversation_handle)
-       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
-                                        WHERE nspname = 'broker'), 'MEMBER')
-            OR EXISTS (SELECT 1 FROM broker.permissions p
-                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
-                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
-                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+       AND {_allowed(1, os.service_queue_id, 'RECEIVE')}
     RETURNING ce.conversation_group_id
 )
 DELETE FROM broker.dialog_groups g
@@ -422,28 +395,11 @@ WITH own AS (
     UPDATE broker.endpoints ce
        SET send_sequence = send_sequence + 1
       FROM broker.service_defs os, broker.message_types mt
-     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
-       AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
-                        WHERE t.conversation_handle = ce.conversation_handle)
-       AND os.service_id = ce.service_id AND mt.name = %(message_type)s
-       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
-                    WHERE u.service_contract_id = ce.service_contract_id
-                      AND u.message_type_id = mt.message_type_id
-                      AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
-                               ELSE u.is_sent_by_target END)
-       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
-                                        WHERE nspname = 'broker'), 'MEMBER')
-            OR EXISTS (SELECT 1 FROM broker.permissions p
-                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
-                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
-                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+     {_reply_checks}
     RETURNING ce.far_handle, ce.send_sequence - 1 AS sequence, ce.service_contract_id,
               ce.priority, mt.message_type_id
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT ps.service_queue_id, own.priority, p.conversation_group_id, p.conversation_handle,
        own.sequence, 2, p.service_id, own.service_contract_id, own.message_type_id,
        %(body)s, gen_random_uuid(), now() AT TIME ZONE 'UTC'
@@ -466,27 +422,13 @@ WITH own AS (
        AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
                         WHERE t.conversation_handle = ce.conversation_handle)
        AND os.service_id = ce.service_id
-       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
-                                        WHERE nspname = 'broker'), 'MEMBER')
-            OR EXISTS (SELECT 1 FROM broker.permissions p
-                        WHERE p.class = 1 AND p.major_id = os.service_queue_id
-                          AND p.permission IN ('RECEIVE', 'CONTROL') AND p.state <> 'D'
-                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+       AND {_allowed(1, os.service_queue_id, 'RECEIVE')}
     RETURNING ce.far_handle, ce.send_sequence - 1 AS sequence, ce.service_contract_id,
               ce.priority
-), peer AS (
-    UPDATE broker.endpoints p SET state = 'DI'
-      FROM own, broker.service_defs ps, broker.queues pq
-     WHERE p.conversation_handle = own.far_handle AND p.state IN ('SI', 'CO')
-       AND ps.service_id = p.service_id AND pq.object_id = ps.service_queue_id
-       AND pq.is_enqueue_enabled
-    RETURNING p.conversation_handle, p.conversation_group_id, p.service_id, own.sequence,
+), {_peer_ended}
               own.service_contract_id, own.priority, ps.service_queue_id
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT service_queue_id, priority, conversation_group_id, conversation_handle, sequence, 2,
        service_id, service_contract_id, 2, NULL, gen_random_uuid(), now() AT TIME ZONE 'UTC'
   FROM peer
@@ -524,18 +466,8 @@ WITH own AS (
       JOIN broker.queues tq ON tq.object_id = t.service_queue_id AND tq.is_enqueue_enabled
       JOIN broker.message_types mt ON mt.name = %(message_type)s
      WHERE ce.conversation_handle = %(handle)s AND ce.state = 'SO'
-       AND EXISTS (SELECT 1 FROM broker.service_def_contracts u
-                    WHERE u.service_id = t.service_id
-                      AND u.service_contract_id = ce.service_contract_id)
-       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
-                    WHERE u.service_contract_id = ce.service_contract_id
-                      AND u.message_type_id = mt.message_type_id AND u.is_sent_by_initiator)
-       AND (pg_has_role(session_user, (SELECT nspowner FROM pg_namespace
-                                        WHERE nspname = 'broker'), 'MEMBER')
-            OR EXISTS (SELECT 1 FROM broker.permissions p
-                        WHERE p.class = 17 AND p.major_id = t.service_id
-                          AND p.permission IN ('SEND', 'CONTROL') AND p.state <> 'D'
-                          AND pg_has_role(session_user, p.grantee, 'MEMBER')))
+       AND {_initiator_may_send(ce.service_contract_id)}
+       AND {_allowed(17, t.service_id, 'SEND')}
        FOR NO KEY UPDATE OF ce
 ), opened AS (
     UPDATE broker.endpoints ce
@@ -546,19 +478,13 @@ WITH own AS (
     INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
     SELECT target_group, target_id FROM own
 ), target AS (
-    INSERT INTO broker.endpoints (conversation_handle, conversation_id, is_initiator,
-                                  service_contract_id, conversation_group_id, service_id,
-                                  far_handle, far_service, lifetime, state, created_at,
-                                  send_sequence)
+    INSERT INTO broker.endpoints {_endpoint_columns}
     SELECT target_handle, conversation_id, false, service_contract_id, target_group,
            target_id, conversation_handle, %(initiator)s,
            now + interval '2147483647 seconds', 'CO', now, 0
       FROM own
 )
-INSERT INTO broker.queue_messages (queue_id, priority, conversation_group_id,
-                                   conversation_handle, message_sequence_number, precedence,
-                                   service_id, service_contract_id, message_type_id,
-                                   message_body, message_id, enqueued_at)
+INSERT INTO broker.queue_messages {_message_columns}
 SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
        message_type_id, %(body)s, gen_random_uuid(), now
   FROM own

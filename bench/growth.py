@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 from bench import ours_setup, pgmq_peer
-from bench.harness import Env
 from bench.ops import OpParams
 from bench.report import Row, Scenario, Target, median
+from bench.scenario import Env, register
 from bench.throughput import OUR_TABLES
 
 SAMPLED_DIALOGS = 1_000
@@ -46,6 +46,7 @@ def _top_up(env: Env, size: int) -> None:
         pgmq_peer.fill(conn, target.queue, missing, 100)
 
 
+@register("g")
 def cost_growth(env: Env) -> Scenario:
     catalog = env.catalog
     target = catalog.targets["growth"]

@@ -7,12 +7,11 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,151 +22,24 @@ from psycopg import sql
 from airflow_broker import Broker
 from airflow_broker.migrations import install as install_broker
 from bench import pgmq_peer
-from bench.ops import BARE_TABLE, Conn, OpParams, with_settings
-from bench.ours_setup import Catalog, setup_catalog
+from bench.ops import BARE_TABLE, Conn, with_settings
+from bench.ours_setup import setup_catalog
+from bench.queue_drain import DRAIN_MARKS
 from bench.report import Scenario
-from bench.workers import LoadTask, Measurement, WorkerPool
+from bench.scenario import SCENARIOS, Env, Options, Registered, stderr
+from bench.workers import WorkerPool
 
 DSN_ENV = "AIRFLOW_BROKER_BENCH_DSN"
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l")
 PGMQ_QUEUES = ("bench_send", "bench_recv1", "bench_recv100", "bench_wait", "bench_growth",
                "bench_drain", "bench_request", "bench_reply")
-# Where the readers of scenario j note when they handled their first and last message.
-DRAIN_MARKS = "bench.drain_marks"
 # Load processes: h runs a producer and two readers at once.
 POOL_SIZE = 3
-# How long a measurement waits for an autovacuum worker in the database to finish.
-AUTOVACUUM_WAIT = 60.0
 
 
-@dataclass(frozen=True)
-class Options:
-    rounds: int = 5
-    # Length of each throughput measurement.
-    seconds: float = 5.0
-    quick: bool = False
-    only: frozenset[str] | None = None
-    dsn: str | None = None
-    json_path: Path | None = None
-    latency_samples: int = 200
-    growth_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
-    drain_messages: int = 1_000_000
-    # Messages drained by the Spark readers, and by their peer, in scenario j.
-    spark_messages: int = 20_000
-    # A CHECKPOINT before every measurement, so none lands inside one and each starts with
-    # the same full-page-write debt.
-    checkpoint: bool = True
-    progress: Callable[[str], None] | None = None
-
-    @classmethod
-    def quick_preset(cls, **overrides: Any) -> Options:
-        """A smoke run of a few seconds: every scenario, tiny sizes, numbers not meaningful."""
-        preset: dict[str, Any] = {
-            "quick": True, "rounds": 1, "seconds": 0.2, "latency_samples": 3,
-            "growth_sizes": (1_000, 10_000), "drain_messages": 20_000, "checkpoint": False,
-            "spark_messages": 400,
-        }
-        preset.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**preset)
-
-    def selected(self, scenario: str) -> bool:
-        return self.only is None or scenario in self.only
-
-
-def _stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-@dataclass
-class Env:
-    """What every scenario uses: the database, our catalog, the workers, progress output."""
-
-    options: Options
-    dsn: str
-    admin: Conn
-    broker: Broker
-    catalog: Catalog
-    pool: WorkerPool
-    started: float = field(default_factory=time.monotonic)
-
-    def progress(self, text: str) -> None:
-        (self.options.progress or _stderr)(f"[{time.monotonic() - self.started:7.1f}s] {text}")
-
-    @contextmanager
-    def transaction(self) -> Iterator[Conn]:
-        with psycopg.connect(self.dsn) as conn, conn.transaction():
-            yield conn
-
-    def settle(self, tables: Sequence[str]) -> None:
-        """Leaves no dead rows or stale statistics from the previous measurement to either side,
-        and no autovacuum running in the database when the next one starts."""
-        for name in tables:
-            schema, table = name.split(".")
-            self.admin.execute(
-                sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(schema, table))
-            )
-        self.await_autovacuum()
-        if self.options.checkpoint:
-            self.admin.execute("CHECKPOINT")
-
-    def await_autovacuum(self) -> None:
-        # Autovacuum of an earlier scenario's table once ran for 10 s into g's measurements at
-        # 100,000 messages; whichever side it lands on pays for it.
-        deadline = time.monotonic() + AUTOVACUUM_WAIT
-        waited = False
-        while True:
-            row = self.admin.execute(
-                "SELECT string_agg(pid::text, ', ') FROM pg_stat_activity"
-                " WHERE backend_type = 'autovacuum worker' AND datname = current_database()"
-            ).fetchone()
-            running = row[0] if row else None
-            if running is None:
-                return
-            if time.monotonic() > deadline:
-                self.progress(f"autovacuum (pid {running}) still running after "
-                              f"{AUTOVACUUM_WAIT:.0f} s; measuring anyway")
-                return
-            if not waited:
-                self.progress(f"waiting for autovacuum (pid {running}) to finish")
-                waited = True
-            time.sleep(0.2)
-
-    def measure(
-        self,
-        op: str | Sequence[str],
-        workers: int,
-        params: OpParams,
-        *,
-        seconds: float,
-        max_ops: int,
-        warmup_ops: int = 10,
-        record_latencies: bool = False,
-        track_rss: bool = False,
-        dsns: Sequence[str] = (),
-        warmups: Sequence[int] = (),
-        before_go: Callable[[], None] | None = None,
-    ) -> Measurement:
-        """One measurement of ``workers`` processes started together; with a sequence of ops,
-        worker ``w`` runs ``op[w]`` (different roles in one measurement). ``dsns`` and
-        ``warmups``, when given, are per worker: the database each one uses (default: this
-        run's) and its warm-up transactions (default ``warmup_ops``). ``before_go`` runs after
-        the warm-ups, before the measurement starts."""
-        tasks = [
-            LoadTask(op=op if isinstance(op, str) else op[w],
-                     dsn=dsns[w] if dsns else self.dsn, worker=w,
-                     params=params, seconds=seconds,
-                     max_ops=max_ops, warmup_ops=warmups[w] if warmups else warmup_ops,
-                     record_latencies=record_latencies, track_rss=track_rss)
-            for w in range(workers)
-        ]
-        return self.pool.run_load(tasks, before_go)
-
-
-def pool_size(options: Options) -> int:
-    """Worker processes to start: the scaling study (l) needs its largest point's."""
-    from bench.scaling import WORKERS
-
-    return max(POOL_SIZE, *WORKERS) if options.selected("l") and not options.quick else POOL_SIZE
+def pool_size(options: Options, measurements: Sequence[Registered]) -> int:
+    """Worker processes to start: the most any selected measurement needs at once."""
+    return max([POOL_SIZE, *(m.processes(options) for m in measurements
+                             if m.processes is not None and m.selected(options))])
 
 
 def durable(dsn: str) -> str:
@@ -221,51 +93,19 @@ def _environment(admin: Conn, embedded: bool) -> dict[str, Any]:
     }
 
 
-def _run_scenarios(env: Env) -> list[Scenario]:
-    from bench import (
-        cross_db,
-        dialogs,
-        growth,
-        latency,
-        memory,
-        scaling,
-        spark_readers,
-        throughput,
-    )
-
+def _run_scenarios(env: Env, measurements: Sequence[Registered]) -> list[Scenario]:
     options = env.options
     done: dict[str, Scenario] = {}
-    if options.selected("a") or options.selected("f"):
-        for measured in throughput.send_one(env, bare=options.selected("f")):
-            done[measured.id] = measured
-    if options.selected("b"):
-        done["b"] = throughput.send_batch(env)
-    if options.selected("c"):
-        done["c"] = throughput.receive_one(env)
-    if options.selected("d"):
-        done["d"] = throughput.receive_batch(env)
-    if options.selected("e"):
-        done["e"] = latency.wakeup(env)
-    if options.selected("h"):
-        done["h"] = dialogs.full_dialog(env)
-    if options.selected("j"):
-        done["j"] = spark_readers.drain(env)
-    if options.selected("k"):
-        done["k"] = cross_db.cross_database(env)
-    if options.selected("l"):
-        done["l"] = scaling.scaling(env)
-    # The big fills come last, so their rows never slow the small scenarios down.
-    if options.selected("i"):
-        done["i"] = memory.drain(env)
-    if options.selected("g"):
-        done["g"] = growth.cost_growth(env)
-    result = []
-    for scenario in SCENARIOS:
-        if scenario in done and options.selected(scenario):
-            result.append(done[scenario])
-        else:
-            result.append(Scenario(scenario, "", status="skipped"))
-    return result
+    # In RUN_ORDER (bench.scenario.registered).
+    for measurement in measurements:
+        if not measurement.selected(options):
+            continue
+        measured = measurement.measure(env)
+        for scenario in measured if isinstance(measured, list) else [measured]:
+            done[scenario.id] = scenario
+    # A measurement of several letters (a and f) may have measured one not selected.
+    return [done[letter] if letter in done and options.selected(letter)
+            else Scenario(letter, "", status="skipped") for letter in SCENARIOS]
 
 
 @contextmanager
@@ -302,10 +142,10 @@ class RunResult:
     data: dict[str, Any]
 
 
-def execute(options: Options) -> RunResult:
-    """Runs the selected scenarios; the JSON-ready result is also written to
-    ``options.json_path`` when set."""
-    say = options.progress or _stderr
+def execute(options: Options, measurements: Sequence[Registered]) -> RunResult:
+    """Runs the selected scenarios of ``measurements`` (bench.suite's, as registered); the
+    JSON-ready result is also written to ``options.json_path`` when set."""
+    say = options.progress or stderr
     started_at = datetime.now(UTC)
     clock = time.monotonic()
     pgmq_package = pgmq_peer.ensure_package()
@@ -313,11 +153,11 @@ def execute(options: Options) -> RunResult:
         dsn = durable(base_dsn)
         say("installing the broker schema and pgmq")
         pgmq_sql = prepare_database(dsn)
-        pool = WorkerPool(pool_size(options))
+        pool = WorkerPool(pool_size(options, measurements))
         try:
             with psycopg.connect(dsn, autocommit=True) as admin, Broker(dsn) as broker:
                 env = Env(options, dsn, admin, broker, setup_catalog(broker), pool)
-                scenarios = _run_scenarios(env)
+                scenarios = _run_scenarios(env, measurements)
                 environment = _environment(admin, embedded)
         finally:
             pool.close()
@@ -341,8 +181,3 @@ def execute(options: Options) -> RunResult:
         options.json_path.parent.mkdir(parents=True, exist_ok=True)
         options.json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return RunResult(scenarios, data)
-
-
-def run(options: Options) -> dict[str, Any]:
-    """``execute`` for callers that only want the JSON-ready result."""
-    return execute(options).data

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from bench import ours_setup, pgmq_peer
-from bench.harness import Env
 from bench.ops import OpParams
 from bench.report import Row, Scenario, Target, median, percentile
+from bench.scenario import Env, register
 from bench.workers import StepperTask
 
 RECEIVER, SENDER = 0, 1
@@ -62,40 +64,67 @@ def samples(env: Env, receiver: str, sender: str, params: OpParams, count: int,
     return latencies, timeouts
 
 
+@dataclass
+class Wakeups:
+    """Alternating rounds of wake-up samples, per side."""
+
+    # Every sample, in seconds.
+    latencies: dict[str, list[float]]
+    # Each round's median, in milliseconds.
+    p50s: dict[str, list[float]]
+    timeouts: dict[str, int]
+
+    def ms(self, side: str, fraction: float) -> float | None:
+        """The side's percentile, in milliseconds."""
+        value = percentile(self.latencies[side], fraction)
+        return None if value is None else value * 1000
+
+
+def alternate_samples(env: Env, label: str, sides: tuple[str, str], seed: int, what: str,
+                      ready: Callable[[str], tuple[str, str, OpParams, str | None]]) -> Wakeups:
+    """``env.options.latency_samples`` wake-ups per side over the rounds, the sides in the
+    opposite order every other round (bench.rounds' rule). ``ready(side)`` readies the side
+    for a round and returns its receiver op, its sender op, their params and the receiver's
+    database (None: the run's)."""
+    rounds = env.options.rounds
+    per_round = math.ceil(env.options.latency_samples / rounds)
+    rng = random.Random(seed)
+    result = Wakeups({side: [] for side in sides}, {side: [] for side in sides},
+                     dict.fromkeys(sides, 0))
+    for number in range(rounds):
+        for side in sides if number % 2 == 0 else sides[::-1]:
+            receiver, sender, params, receiver_dsn = ready(side)
+            got, missed = samples(env, receiver, sender, params, per_round, rng,
+                                  receiver_dsn=receiver_dsn)
+            result.latencies[side] += got
+            result.timeouts[side] += missed
+            p50 = median(got)
+            if p50 is not None:
+                result.p50s[side].append(p50 * 1000)
+            env.progress(
+                f"{label} round {number + 1}/{rounds} {side}: {len(got)} {what}, p50 "
+                f"{(p50 or 0) * 1000:.2f} ms" + (f", {missed} timed out" if missed else "")
+            )
+    return result
+
+
+@register("e")
 def wakeup(env: Env) -> Scenario:
     target = env.catalog.targets["wait"]
     handle = str(ours_setup.begin_dialogs(env.broker, target, 1)[0])
-    rounds = env.options.rounds
-    per_round = math.ceil(env.options.latency_samples / rounds)
-    rng = random.Random(7)
     sides = {
         "ours": ("ours.wait_receiver", "ours.commit_sender", OpParams(target.queue, (handle,))),
         "pgmq": ("pgmq.poll_receiver", "pgmq.commit_sender", OpParams(target.queue)),
     }
-    latencies: dict[str, list[float]] = {"ours": [], "pgmq": []}
-    p50s: dict[str, list[float]] = {"ours": [], "pgmq": []}
-    timeouts = {"ours": 0, "pgmq": 0}
-    for number in range(rounds):
-        order = ["ours", "pgmq"] if number % 2 == 0 else ["pgmq", "ours"]
-        for side in order:
-            with env.transaction() as conn:
-                ours_setup.purge(conn, target)
-                pgmq_peer.purge(conn, target.queue)
-            receiver, sender, params = sides[side]
-            got, missed = samples(env, receiver, sender, params, per_round, rng)
-            latencies[side] += got
-            timeouts[side] += missed
-            p50 = median(got)
-            if p50 is not None:
-                p50s[side].append(p50 * 1000)
-            env.progress(
-                f"e round {number + 1}/{rounds} {side}: {len(got)} wake-ups, p50 "
-                f"{(p50 or 0) * 1000:.2f} ms" + (f", {missed} timed out" if missed else "")
-            )
 
-    def ms(value: float | None) -> float | None:
-        return None if value is None else value * 1000
+    def ready(side: str) -> tuple[str, str, OpParams, None]:
+        with env.transaction() as conn:
+            ours_setup.purge(conn, target)
+            pgmq_peer.purge(conn, target.queue)
+        return (*sides[side], None)
 
+    measured = alternate_samples(env, "e", ("ours", "pgmq"), 7, "wake-ups", ready)
+    latencies, p50s, timeouts = measured.latencies, measured.p50s, measured.timeouts
     note = (
         f"{len(latencies['ours'])} samples for ours, {len(latencies['pgmq'])} for pgmq; "
         f"timeouts: ours {timeouts['ours']}, pgmq {timeouts['pgmq']}"
@@ -103,11 +132,11 @@ def wakeup(env: Env) -> Scenario:
     peer = "pgmq.read_with_poll (poll 100 ms)"
     return Scenario("e", "WAITFOR wake-up latency, sender COMMIT to receiver return", note=note,
                     rows=[
-        Row("wake-up latency p50", "ms", peer, ms(percentile(latencies["pgmq"], 0.5)),
-            ms(percentile(latencies["ours"], 0.5)), higher_is_better=False,
+        Row("wake-up latency p50", "ms", peer, measured.ms("pgmq", 0.5),
+            measured.ms("ours", 0.5), higher_is_better=False,
             target=Target("ours_at_most", 2.0, "ours <= 2 ms"),
             peer_rounds=p50s["pgmq"], ours_rounds=p50s["ours"]),
-        Row("wake-up latency p99", "ms", peer, ms(percentile(latencies["pgmq"], 0.99)),
-            ms(percentile(latencies["ours"], 0.99)), higher_is_better=False,
+        Row("wake-up latency p99", "ms", peer, measured.ms("pgmq", 0.99),
+            measured.ms("ours", 0.99), higher_is_better=False,
             target=Target("ours_at_most", 10.0, "ours <= 10 ms")),
     ])

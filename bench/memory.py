@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 from bench import ours_setup, pgmq_peer
-from bench.harness import Env
 from bench.ops import OpParams
 from bench.report import Row, Scenario, Target
+from bench.scenario import Env, register
 from bench.throughput import OUR_TABLES
 from bench.workers import Measurement
 
@@ -25,6 +25,7 @@ def _mib(kib: int | None) -> float | None:
     return None if kib is None else kib / 1024
 
 
+@register("i")
 def drain(env: Env) -> Scenario:
     target = env.catalog.targets["drain"]
     count = env.options.drain_messages

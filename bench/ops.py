@@ -8,6 +8,7 @@ latency scenario where a receiver and a sender in two processes take turns.
 from __future__ import annotations
 
 import functools
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -27,13 +28,37 @@ BARE_TABLE = "bench.bare_insert"
 END_DIALOG_TYPE = 2
 
 
+# A part of floors.sql's statements written once: {_name} or {_name(argument, ...)}.
+_FRAGMENT = re.compile(r"\{(_\w+)(?:\((.*?)\))?\}")
+
+
 @functools.cache
 def floors() -> dict[str, str]:
     """What any SEND, RECEIVE or dialog writes at least, without the broker's checks
     (floors.sql). Read as a resource, and on first use: the Spark scenario ships this package
     as a zip."""
-    return named_blocks(resources.files("bench").joinpath("floors.sql").read_text(),
-                        "floors.sql")
+    blocks = named_blocks(resources.files("bench").joinpath("floors.sql").read_text(),
+                          "floors.sql")
+    return {name: _expand(text, blocks) for name, text in blocks.items()
+            if not name.startswith("_")}
+
+
+def _expand(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each fragment it names in place (floors.sql's blocks whose names start
+    with _): its arguments put in for {0}, {1}, ... and its lines after the first indented as
+    the line that names it."""
+    lines = []
+    for line in text.split("\n"):
+        found = _FRAGMENT.search(line)
+        while found:
+            arguments = found.group(2).split(", ") if found.group(2) else []
+            fragment = _expand(blocks[found.group(1)], blocks).format(*arguments)
+            indent = line[:len(line) - len(line.lstrip(" "))]
+            fragment = fragment.replace("\n", "\n" + indent)
+            line = line[:found.start()] + fragment + line[found.end():]
+            found = _FRAGMENT.search(line, found.start() + len(fragment))
+        lines.append(line)
+    return "\n".join(lines)
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -78,6 +103,31 @@ class Stepper(Protocol):
 
 OpFactory = Callable[[str, int, OpParams], Op]
 StepperFactory = Callable[[str, OpParams], Stepper]
+
+
+class CommitStepper:
+    """A sender of the latency scenarios (e, k): one transaction of worker 0's op per step,
+    the timestamp taken when its COMMIT has returned. Either side's op, so the sender's
+    transaction is the one its throughput scenarios measure."""
+
+    def __init__(self, op: Op) -> None:
+        self.op = op
+
+    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
+        moved = self.op()
+        return time.perf_counter(), moved
+
+    def close(self) -> None:
+        self.op.close()
+
+
+def committing(op: OpFactory) -> StepperFactory:
+    """The CommitStepper of ``op``'s worker 0."""
+
+    def stepper(dsn: str, params: OpParams) -> Stepper:
+        return CommitStepper(op(dsn, 0, params))
+
+    return stepper
 
 
 def binary_body(size: int) -> bytes:

@@ -131,20 +131,6 @@ class WaitReceiver(_BrokerOp):
         return returned, len(got)
 
 
-class CommitSender(_BrokerOp):
-    """SEND and COMMIT; the timestamp is taken when COMMIT has returned."""
-
-    def __init__(self, dsn: str, params: OpParams) -> None:
-        super().__init__(dsn)
-        self.handle = uuid.UUID(params.handles[0])
-        self.body = binary_body(params.body_size)
-
-    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
-        with self.broker.transaction() as tx:
-            tx.send(self.handle, MESSAGE_TYPE, self.body)
-        return time.perf_counter(), 1
-
-
 class DialogBegin(_BrokerOp):
     """h, the initiator: BEGIN DIALOG and SEND the request, one transaction per dialog."""
 

@@ -32,8 +32,9 @@ from psycopg.conninfo import make_conninfo
 
 from airflow_broker.migrations import SqlFile, apply_file, install
 from airflow_broker.queries import Queries
-from bench.harness import Options, database, durable
+from bench.harness import database, durable
 from bench.report import median
+from bench.scenario import Options
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL = "airflow_broker/sql"

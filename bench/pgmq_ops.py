@@ -22,9 +22,13 @@ POLL_INTERVAL_MS = 10
 
 
 class _PgmqOp:
-    def __init__(self, dsn: str, params: OpParams) -> None:
+    """A load worker's connection and what its op reads of the params (an OpFactory)."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
         self.conn = psycopg.connect(dsn)
         self.queue = params.queue
+        self.reply_queue = params.reply_queue
+        self.qty = params.batch
         self.body = json_body(params.body_size)
 
     def close(self) -> None:
@@ -32,10 +36,7 @@ class _PgmqOp:
 
 
 class Send(_PgmqOp):
-    """``pgmq.send`` of one message per transaction."""
-
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, params)
+    """``pgmq.send`` of one message per transaction (also h's requester)."""
 
     def __call__(self) -> int:
         with self.conn.transaction():
@@ -47,7 +48,7 @@ class SendBatch(_PgmqOp):
     """``pgmq.send_batch`` of ``batch`` messages in one call."""
 
     def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, params)
+        super().__init__(dsn, worker, params)
         self.bodies = [self.body] * params.batch
 
     def __call__(self) -> int:
@@ -61,10 +62,6 @@ class SendBatch(_PgmqOp):
 class ReadDelete(_PgmqOp):
     """``pgmq.read`` (vt 30 s) of ``batch`` messages, then ``pgmq.delete`` of them, one
     transaction: pgmq's at-least-once pattern, the closest to a transactional RECEIVE."""
-
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, params)
-        self.qty = params.batch
 
     def __call__(self) -> int:
         with self.conn.transaction():
@@ -85,10 +82,6 @@ class ReadDelete(_PgmqOp):
 class Pop(_PgmqOp):
     """``pgmq.pop``: read and delete in one statement (at-most-once)."""
 
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, params)
-        self.qty = params.batch
-
     def __call__(self) -> int:
         with self.conn.transaction():
             rows: list[Any] = self.conn.execute(
@@ -102,7 +95,7 @@ class PollReceiver(_PgmqOp):
     delete and commit; the timestamp is taken when the read returns."""
 
     def __init__(self, dsn: str, params: OpParams) -> None:
-        super().__init__(dsn, params)
+        super().__init__(dsn, 0, params)
 
     def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
         with self.conn.transaction():
@@ -114,30 +107,6 @@ class PollReceiver(_PgmqOp):
             for row in rows:
                 self.conn.execute("SELECT pgmq.delete(%s, %s::bigint)", [self.queue, row[0]])
         return returned, len(rows)
-
-
-class CommitSender(_PgmqOp):
-    """``pgmq.send`` and COMMIT; the timestamp is taken when COMMIT has returned."""
-
-    def __init__(self, dsn: str, params: OpParams) -> None:
-        super().__init__(dsn, params)
-
-    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
-        with self.conn.transaction():
-            self.conn.execute("SELECT pgmq.send(%s, %s::jsonb)", [self.queue, self.body])
-        return time.perf_counter(), 1
-
-
-class RequestSend(_PgmqOp):
-    """h's peer, the requester: ``pgmq.send`` of the request, one transaction."""
-
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, params)
-
-    def __call__(self) -> int:
-        with self.conn.transaction():
-            self.conn.execute("SELECT pgmq.send(%s, %s::jsonb)", [self.queue, self.body])
-        return 1
 
 
 class _Poll(_PgmqOp):
@@ -156,10 +125,6 @@ class RequestAnswer(_Poll):
     """h's peer, the responder: read the request, delete it, ``pgmq.send`` the reply to the
     reply queue, one transaction (pgmq has no dialogs, so nothing to end)."""
 
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, params)
-        self.reply_queue = params.reply_queue
-
     def __call__(self) -> int:
         with self.conn.transaction():
             rows = self.take(self.queue)
@@ -170,10 +135,6 @@ class RequestAnswer(_Poll):
 
 class ReplyTake(_Poll):
     """h's peer, the requester's reader: read the reply and delete it, one transaction."""
-
-    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
-        super().__init__(dsn, params)
-        self.reply_queue = params.reply_queue
 
     def __call__(self) -> int:
         with self.conn.transaction():

@@ -23,10 +23,11 @@ import psycopg
 from airflow_broker import Broker
 from airflow_broker.queries import Queries
 from bench import ours_setup, pgmq_peer
-from bench.harness import Options, database, durable, prepare_database
+from bench.harness import database, durable, prepare_database
 from bench.ops import BARE_TABLE, Conn, binary_body, json_body, with_settings
 from bench.ours_ops import MESSAGE_TYPE
 from bench.ours_setup import Catalog, Target
+from bench.scenario import Options
 from bench.statements import Statement, engine_statements
 
 CALLS = 2_000

@@ -27,8 +27,10 @@ from airflow_broker.messages import Message
 from airflow_broker.readers.queue_reader import ReaderContext
 
 HANDLER = "bench.queue_drain:consume"
+# Created by the harness with the benchmark's other tables; scenario j reads it.
+DRAIN_MARKS = "bench.drain_marks"
 _MARK = sql.SQL(
-    "INSERT INTO bench.drain_marks (reader, first_at, last_at, messages)"
+    f"INSERT INTO {DRAIN_MARKS} (reader, first_at, last_at, messages)"
     " VALUES (%s, %s, %s, %s)"
     " ON CONFLICT (reader) DO UPDATE SET last_at = EXCLUDED.last_at,"
     " messages = EXCLUDED.messages"

@@ -22,6 +22,7 @@ from bench.ops import (
     SendFloor,
     SendFloorBatch,
     StepperFactory,
+    committing,
 )
 
 LOAD_OPS: dict[str, OpFactory] = {
@@ -38,7 +39,7 @@ LOAD_OPS: dict[str, OpFactory] = {
     "pgmq.send_batch": pgmq_ops.SendBatch,
     "pgmq.read_delete": pgmq_ops.ReadDelete,
     "pgmq.pop": pgmq_ops.Pop,
-    "pgmq.request_send": pgmq_ops.RequestSend,
+    "pgmq.request_send": pgmq_ops.Send,
     "pgmq.request_answer": pgmq_ops.RequestAnswer,
     "pgmq.reply_take": pgmq_ops.ReplyTake,
     "bare.insert": BareInsert,
@@ -61,7 +62,7 @@ LOAD_OPS: dict[str, OpFactory] = {
 
 STEPPERS: dict[str, StepperFactory] = {
     "ours.wait_receiver": ours_ops.WaitReceiver,
-    "ours.commit_sender": ours_ops.CommitSender,
+    "ours.commit_sender": committing(ours_ops.SendOne),
     "pgmq.poll_receiver": pgmq_ops.PollReceiver,
-    "pgmq.commit_sender": pgmq_ops.CommitSender,
+    "pgmq.commit_sender": committing(pgmq_ops.Send),
 }

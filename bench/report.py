@@ -93,13 +93,8 @@ class Scenario:
     rows: list[Row] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "title": self.title,
-            "status": self.status,
-            "note": self.note,
-            "rows": [row.as_json() for row in self.rows],
-        }
+        return {"id": self.id, "title": self.title, "status": self.status, "note": self.note,
+                "rows": [row.as_json() for row in self.rows]}
 
 
 def median(values: Sequence[float]) -> float | None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench.harness import Env
 from bench.ops import OpParams
+from bench.scenario import Env
 from bench.workers import Measurement
 
 # A throughput loop stops after its time or this many transactions, whichever comes first.

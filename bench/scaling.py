@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 
 from bench import ours_setup
-from bench.harness import Env
 from bench.ops import OpParams
 from bench.report import Row, Scenario, median
 from bench.rounds import Contender, alternate
+from bench.scenario import Env, Options, register
 from bench.throughput import (
     OUR_TABLES,
     empty_bare_table,
@@ -35,6 +35,11 @@ def _who(workers: int, kind: str) -> str:
     return f"{workers} {kind}{'s' if workers > 1 else ''}"
 
 
+def _processes(options: Options) -> int:
+    return max(WORKERS_QUICK if options.quick else WORKERS)
+
+
+@register("l", processes=_processes)
 def scaling(env: Env) -> Scenario:
     counts = WORKERS_QUICK if env.options.quick else WORKERS
     target = env.catalog.targets["send"]

@@ -34,9 +34,9 @@ import airflow_broker.spark.reader as spark_reader
 from airflow_broker.spark import cluster as spark_cluster
 from airflow_broker.spark import shipping as spark_shipping
 from bench import ours_setup
-from bench.harness import DRAIN_MARKS, Env
-from bench.queue_drain import HANDLER
+from bench.queue_drain import DRAIN_MARKS, HANDLER
 from bench.report import Row, Scenario, median
+from bench.scenario import Env, register
 from bench.throughput import OUR_TABLES
 from tests.support.spark_cluster import SparkCluster
 
@@ -214,6 +214,7 @@ def _fill(env: Env, count: int) -> int:
     return dialogs * each
 
 
+@register("j")
 def drain(env: Env) -> Scenario:
     missing = missing_requirements()
     if missing is not None:

@@ -8,11 +8,11 @@ import math
 from collections.abc import Callable
 
 from bench import ours_setup, pgmq_peer
-from bench.harness import Env
 from bench.ops import BARE_TABLE, OpParams
 from bench.ours_ops import MESSAGE_TYPE
 from bench.report import Row, Scenario, Target, median
 from bench.rounds import Contender, Fill, alternate, time_budget
+from bench.scenario import Env, register
 from bench.workers import Measurement
 
 OUR_TABLES = ("broker.queue_messages", "broker.endpoints", "broker.dialog_groups")
@@ -59,8 +59,11 @@ def empty_bare_table(env: Env) -> Callable[[], int]:
     return bare_ready
 
 
-def send_one(env: Env, *, bare: bool) -> list[Scenario]:
-    """a: SEND one message per transaction vs pgmq.send; f: the same SEND vs a bare INSERT."""
+@register("a", "f")
+def send_one(env: Env) -> list[Scenario]:
+    """a: SEND one message per transaction vs pgmq.send; f, when selected: the same SEND vs a
+    bare INSERT."""
+    bare = env.options.selected("f")
     target = env.catalog.targets["send"]
     # One open dialog per producer, begun once and reused.
     handles = tuple(str(h) for h in ours_setup.begin_dialogs(env.broker, target, 2))
@@ -117,6 +120,7 @@ def send_one(env: Env, *, bare: bool) -> list[Scenario]:
     return [a, f] if bare else [a]
 
 
+@register("b")
 def send_batch(env: Env) -> Scenario:
     """b: 100 SENDs in one transaction (one send_many call) vs one pgmq.send_batch of 100."""
     target = env.catalog.targets["send"]
@@ -189,6 +193,7 @@ def _after(fill: Fill, seconds: float) -> Callable[[Measurement], None]:
     return grow
 
 
+@register("c")
 def receive_one(env: Env) -> Scenario:
     """c: RECEIVE TOP(1) + commit vs pgmq read+delete and vs pgmq.pop, 1 and 2 readers."""
     peers = [("read", "pgmq read+delete", "pgmq.read_delete"), ("pop", "pgmq.pop", "pgmq.pop")]
@@ -233,6 +238,7 @@ def receive_one(env: Env) -> Scenario:
     return scenario
 
 
+@register("d")
 def receive_batch(env: Env) -> Scenario:
     """d: RECEIVE TOP(100) + commit vs pgmq read 100 + delete of the array of ids."""
     contenders = receive_contenders(

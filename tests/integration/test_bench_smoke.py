@@ -23,7 +23,7 @@ from psycopg.conninfo import make_conninfo
 
 from bench import Options, PgmqUnavailable, dialog_cost, jit_cost, permission_cost, run
 from bench.cross_db import far_database_name
-from bench.harness import SCENARIOS, Env
+from bench.scenario import SCENARIOS, Env
 from bench.spark_readers import drain, missing_requirements
 
 

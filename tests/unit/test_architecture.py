@@ -1,8 +1,9 @@
 """The package's structure, as docs/architecture.md describes it: the engine needs no Airflow
 (Spark executors and activated readers import it where Airflow must not be imported), its
-imports point down its layers, the import graph has no cycle, between modules or between the
-folders and the modules beside them, and no module grows past a size a reader can hold in
-mind."""
+imports point down its layers, the import graph of the package and of the benchmark (bench/)
+has no cycle, between modules or between the folders and the modules beside them, and no
+module grows past a size a reader can hold in mind. The benchmark's scenarios register
+themselves: its harness imports none of them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "airflow_broker"
+BENCH = PACKAGE.parent / "bench"
 # Installed inside airflow_broker; each imports Airflow.
 AIRFLOW_FOLDERS = ("hooks", "operators", "sensors", "triggers", "notifications", "queues")
 # Not engine: the demo's Airflow DAG lives with the demo; the UI plugin runs in Airflow's
@@ -64,9 +66,16 @@ def modules() -> Iterator[tuple[str, Path]]:
         yield _module_name(path), path
 
 
+def project_modules() -> Iterator[tuple[str, Path]]:
+    """The package's modules and the benchmark's."""
+    yield from modules()
+    for path in sorted(BENCH.glob("*.py")):
+        yield _module_name(path), path
+
+
 @functools.cache
 def known_modules() -> frozenset[str]:
-    return frozenset(name for name, _ in modules())
+    return frozenset(name for name, _ in project_modules())
 
 
 def imports(name: str, path: Path) -> Iterator[str]:
@@ -97,7 +106,7 @@ def imports(name: str, path: Path) -> Iterator[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    known = dict(modules())
+    known = dict(project_modules())
     return {name: {m for m in imports(name, path) if m in known and m != name}
             for name, path in known.items()}
 
@@ -120,8 +129,11 @@ def test_the_engine_never_imports_airflow() -> None:
 
 
 def unit(name: str) -> str:
-    """The entry of ENGINE_LAYERS a module belongs to: its folder, or itself beside them."""
+    """The entry of ENGINE_LAYERS a module belongs to: its folder, or itself beside them (a
+    module of bench/ is a unit of its own)."""
     parts = name.split(".")
+    if parts[0] != "airflow_broker":
+        return name
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -198,6 +210,32 @@ def test_poison_imports_neither_the_broker_nor_the_readers() -> None:
                 if unit(name) in ("_statements", "catalog", "permissions", "dialogs", "receive",
                                   "transaction")
                 and any(unit(m) == "poison" for m in imported)]
+
+
+def _registers_a_scenario(path: Path) -> bool:
+    """Whether a module registers a scenario of the benchmark (``@register(...)``)."""
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+               and node.func.id == "register"
+               for node in ast.walk(ast.parse(path.read_text(), str(path))))
+
+
+def test_the_bench_harness_imports_no_scenario() -> None:
+    """The scenarios register themselves (bench.scenario), bench.suite names them; the harness
+    runs what is registered and imports no scenario, and no scenario imports the harness."""
+    edges = graph()
+    scenarios = {name for name, path in project_modules()
+                 if name.startswith("bench.") and _registers_a_scenario(path)}
+    assert len(scenarios) >= 8, sorted(scenarios)
+    assert edges["bench.harness"] & scenarios == set()
+    assert sorted(name for name in scenarios if "bench.harness" in edges[name]) == []
+
+
+def test_every_letter_of_the_benchmark_has_one_measurement() -> None:
+    import bench.suite  # noqa: F401  (loads the scenario modules, which register themselves)
+    from bench.scenario import RUN_ORDER, SCENARIOS, registered
+
+    letters = [letter for measurement in registered() for letter in measurement.letters]
+    assert sorted(letters) == sorted(SCENARIOS) == sorted(RUN_ORDER)
 
 
 def test_every_registration_names_a_callable_of_the_tree() -> None:
