@@ -19,6 +19,7 @@ from airflow_broker.demos.trading import (
     TRADER_SERVICE,
 )
 from tests.fixtures.system import SystemDatabases
+from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 from tests.support.smtp import Mailbox
@@ -96,20 +97,39 @@ def test_spark_readers_activated_by_event_notification(
     assert replies == [TRADE_ACK] * 3 + [END_DIALOG]
     runs = airflow_api.dag_runs("broker_spark_readers")
     assert runs and all(r["run_type"] == "asset_triggered" for r in runs)
-    for run in runs:
-        finished = airflow_api.wait_for_run("broker_spark_readers", run["dag_run_id"])
-        succeeded(airflow_api, "broker_spark_readers", finished)
-    # Paused only now: a paused DAG's running runs do not go on. The queue monitor may have
-    # asked for more readers while the first ones started (a run created after the listing
-    # above): the later tests send to BrokerageQueue, so every run still going must end first
-    # (queued runs of a paused DAG never start).
+    # The later tests send to BrokerageQueue, with readers of their own: no reader job of this
+    # example may still be running or be started by then. The queue monitor may have asked for
+    # more readers while the first ones started, so the notifications stop first, then every
+    # run (those started after the listing above too) finishes, and only then is the DAG
+    # paused (a paused DAG's running runs would not go on).
+    with broker.transaction() as tx:
+        tx.drop_event_notification("activate_brokerage_readers", "BrokerageQueue")
+
+    def settled() -> bool:
+        """No notification waiting to become a run, and every run finished."""
+        pending = (count(system_databases.broker_dsn,
+                         'SELECT count(*) FROM "BrokerageActivationQueue"')
+                   + count(system_databases.broker_dsn,
+                           "SELECT count(*) FROM broker.airflow_inbox WHERE state = 'claimed'"
+                           " AND queue_name = 'BrokerageActivationQueue'")
+                   + airflow_api.get("/api/v2/dags/broker_spark_readers/assets/queuedEvents")[
+                       "total_entries"])
+        runs = airflow_api.dag_runs("broker_spark_readers")
+        return pending == 0 and all(r["state"] in ("success", "failed") for r in runs)
+
+    airflow_deployment.wait_for(settled, "every reader run of broker_spark_readers finished")
     airflow_api.set_paused("broker_spark_readers", True)
-    airflow_deployment.wait_for(
-        lambda: not airflow_api.dag_runs("broker_spark_readers", state="running"),
-        "the last reader run of broker_spark_readers finished")
-    for run in airflow_api.dag_runs("broker_spark_readers", state="success"):
+    for run in airflow_api.dag_runs("broker_spark_readers"):
         succeeded(airflow_api, "broker_spark_readers", run)
-    assert not airflow_api.dag_runs("broker_spark_readers", state="failed")
+    # The queue's page in the UI (for a login that may read the queue) lists each reader run
+    # with the task instance that submitted it.
+    system_databases.grant_ui(roles.broker_grant("RECEIVE", "QUEUE::BrokerageQueue"))
+    page = airflow_api.get("/broker/api/queues/BrokerageQueue")
+    submitted = {(r["task_instance"]["dag_id"], r["task_instance"]["run_id"],
+                  r["task_instance"]["task_id"]) for r in page["reader_runs"]}
+    assert submitted == {("broker_spark_readers", r["dag_run_id"], "brokerage_readers")
+                         for r in airflow_api.dag_runs("broker_spark_readers", state="success")}
+    assert sum(r["processed"] or 0 for r in page["reader_runs"]) >= 3
 
 
 def finished_runs(api: AirflowApi, deployment: Deployment, dag_id: str) -> list[dict[str, Any]]:
