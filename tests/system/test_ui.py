@@ -300,7 +300,10 @@ def test_the_broker_tabs_of_a_dag_and_of_a_finished_task_instance(
         page = open_page(browser, airflow_deployment, "viewer", "light",
                          f"dags/{dag_id}/plugin/broker-dag")
         row = page.get_by_test_id("dag-queue-TraderQueue")
-        expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"))
+        # Airflow's DAG and task pages load more than the plugin's page before the tab's
+        # bundle: seconds on a busy machine, past expect()'s default of five.
+        expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"),
+                                                               timeout=GUARD_MS)
         expect(row).to_contain_text("wait_for_brokerage")
         expect(row).to_contain_text("receive_acknowledgements")
         page.screenshot(path=screenshots / "dag-tab-light.png", full_page=True)
@@ -313,12 +316,15 @@ def test_the_broker_tabs_of_a_dag_and_of_a_finished_task_instance(
         page = open_page(browser, airflow_deployment, "viewer", "light",
                          f"dags/{dag_id}/runs/{run_id}/tasks/send_trade_1"
                          "/plugin/broker-task-instance")
-        expect(page.get_by_test_id("ti-field-conversation_handle")).to_contain_text(handle)
-        expect(page.get_by_test_id("ti-field-to_service_name")).to_contain_text(
-            "//Trading/BrokerageService")
+        expect(page.get_by_test_id("ti-field-conversation_handle")).to_contain_text(
+            handle, timeout=GUARD_MS)
+        expect(page.get_by_test_id("ti-field-message_type_name")).to_contain_text(
+            "//Trading/TradeEntry")
         conversation = page.get_by_test_id("ti-conversation")
         expect(conversation).to_contain_text(handle)
         expect(conversation).to_contain_text("//Trading/BrokerageService")
+        # Open: the brokerage has not answered (STARTED_OUTBOUND until its side exists).
+        expect(conversation).to_have_attribute("data-state", re.compile("^(SO|CO)$"))
         expect(page.get_by_test_id("no-inbox")).to_be_visible()
         page.screenshot(path=screenshots / "task-instance-tab-light.png", full_page=True)
         page.context.close()
