@@ -86,7 +86,9 @@ def queue_uses(data: dict[str, Any]) -> list[QueueUse]:
             continue
         # A mapped task keeps its fixed arguments apart; an expanded one has no value yet.
         fixed = {**task.get("partial_kwargs", {}), **task}
-        expanded = _unwrap(task.get("expand_input", {}).get("value", {}))
+        expanded = task.get("expand_input", {}).get("value", {})
+        if isinstance(expanded, dict) and isinstance(expanded.get("__var"), dict):
+            expanded = expanded["__var"]
         for field in QUEUE_FIELDS:
             if fixed.get(field) is not None:
                 uses += _uses(task["task_id"], task.get("task_type", ""), field, fixed[field])
