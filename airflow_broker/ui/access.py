@@ -10,13 +10,14 @@ whose ``Sec-Fetch-Site`` says another site sent it is refused.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
-from airflow.api_fastapi.core_api.security import GetUserDep
-from fastapi import HTTPException, Request, status
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import Depends, HTTPException, Request, status
 
 BROKER = "Broker"
 BODIES = "Broker Message Bodies"
@@ -90,6 +91,27 @@ def requires(method: Method, *resources: str) -> Callable[..., Coroutine[Any, An
             if not allowed(user, needed, resource):
                 raise HTTPException(status.HTTP_403_FORBIDDEN,
                                     f"{user.get_name()} may not {needed} {resource}")
+        return user
+
+    return dependency
+
+
+# Module level: the tabs' dependency below names it in an annotation, which FastAPI resolves
+# in this module's namespace (annotations are strings here).
+BROKER_READER = requires("GET")
+
+
+def requires_dag(*entities: DagAccessEntity) -> Callable[..., BaseUser]:
+    """A dependency for the tabs on a DAG's pages: :func:`requires` GET (the Broker view), and
+    the auth manager's consent to read the DAG named by the ``dag_id`` path or query parameter
+    and each of ``entities`` of it (a task instance's tab: TASK_INSTANCE), judged by Airflow's
+    own check for its DAG pages (its team included), 403 otherwise. The broker's tab shows
+    nothing of a DAG its user may not open in Airflow."""
+    # Not async: Airflow's check reads the DAG's team from the metadata database.
+    def dependency(request: Request,
+                   user: Annotated[BaseUser, Depends(BROKER_READER)]) -> BaseUser:
+        for entity in (None, *entities):
+            requires_access_dag("GET", entity)(request, user)
         return user
 
     return dependency

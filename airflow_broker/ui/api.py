@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.logging.decorators import action_logging
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -21,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from airflow_broker.broker import Broker
 from airflow_broker.errors import BrokerError, NotFound, PermissionDenied
-from airflow_broker.ui import access, console
+from airflow_broker.ui import access, console, dags
 
 DIST = Path(__file__).parent / "www" / "dist"
 BUNDLE = "broker-ui.umd.cjs"
@@ -263,3 +264,66 @@ def post_transmission_retry(body: RetryBody, engine: BrokerDep) -> dict[str, Any
                                           body.to_broker_instance)
     return {"to_service_name": body.to_service_name,
             "to_broker_instance": body.to_broker_instance, "retried": retried}
+
+
+# -- the tabs on a DAG's and a task instance's pages ------------------------------------------
+
+DagReader = Annotated[BaseUser, Depends(access.requires_dag())]
+TaskInstanceReader = Annotated[BaseUser,
+                               Depends(access.requires_dag(DagAccessEntity.TASK_INSTANCE))]
+
+
+@app.get("/api/dags/{dag_id}/queues")
+def get_dag_queues(dag_id: str, user: DagReader, engine: BrokerDep) -> dict[str, Any]:
+    """The queues the DAG's broker tasks name, each with its state as the overview shows it
+    (None: no queue of that name that the pages' login may see); a name that is a template
+    or is computed in the run is shown as written, with no state."""
+    data = dags.serialized_dag(dag_id)
+    if data is None:
+        raise HTTPException(404, f"Airflow has no serialized DAG {dag_id}")
+    uses = dags.queue_uses(data)
+    states = console.queues_by_name(engine) if any(use.name for use in uses) else {}
+    queues: dict[str, dict[str, Any]] = {}
+    for use in uses:
+        entry = queues.setdefault(use.name or use.raw, {
+            "name": use.name, "raw": use.raw, "is_template": use.name is None,
+            "state": states.get(use.name) if use.name else None, "tasks": []})
+        entry["tasks"].append({"task_id": use.task_id, "task_type": use.task_type,
+                               "field": use.field})
+    return {"dag_id": dag_id, "queues": list(queues.values()),
+            "permissions": access.permissions(user)}
+
+
+def _handle(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+@app.get("/api/dags/{dag_id}/task-instance")
+def get_task_instance(
+        dag_id: str, user: TaskInstanceReader, engine: BrokerDep,
+        run_id: Annotated[str, Query(min_length=1, max_length=250)],
+        task_id: Annotated[str, Query(min_length=1, max_length=250)],
+        map_index: Annotated[int, Query(ge=-1)] = -1) -> dict[str, Any]:
+    """What the broker knows of one task instance: the broker fields Airflow rendered for
+    it, what it received into the Airflow inbox, and the conversations of both."""
+    from airflow_broker.hooks.broker import task_consumer
+
+    record = dags.task_instance(dag_id, run_id, task_id, map_index)
+    if record is None:
+        raise HTTPException(404, f"no task instance {dag_id}/{run_id}/{task_id}/{map_index}")
+    fields = dags.broker_fields(record.rendered_fields)
+    handles = [h for field in dags.HANDLE_FIELDS if (h := _handle(fields.get(field)))]
+    perms = access.permissions(user)
+    known = console.task_instance(engine, task_consumer(dag_id, run_id, task_id, map_index),
+                                  handles, bodies=perms["view_bodies"])
+    return {
+        "dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index,
+        "state": record.state, "operator": record.operator,
+        "is_broker_task": dags.is_broker_task(dags.task_of(dags.serialized_dag(dag_id),
+                                                           task_id)),
+        "rendered": record.rendered_fields is not None, "fields": fields,
+        **known, "permissions": perms,
+    }

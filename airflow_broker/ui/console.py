@@ -30,6 +30,8 @@ RUN_LIMIT = 20
 RUN_COUNTS = ("readers", "attempts", "received", "processed", "quarantined", "retried")
 # Routes, not messages: a far broker down for a day is one row, however much waits for it.
 ROUTE_LIMIT = 500
+# A sensor receives a batch at a time; a task instance's tab shows the first of them.
+INBOX_LIMIT = 500
 STATES = ("SO", "SI", "CO", "DI", "DO", "ER", "CD")
 BODY_PREVIEW = 2000
 
@@ -257,19 +259,7 @@ def conversations(broker: Broker, *, state: str | None = None,
                           [state, leaked_only, CONVERSATION_LIMIT + 1])
         counts = runner.run(runner.queries["ui_conversation_counts"])
     return {
-        "conversations": [{
-            "conversation_handle": str(handle),
-            "conversation_id": str(conversation_id),
-            "is_initiator": bool(initiator),
-            "service_name": service,
-            "far_service": far_service,
-            "state": state_code,
-            "state_desc": state_desc,
-            "lifetime": _iso(lifetime),
-            "created_at": _iso(created_at),
-            "is_leaked": bool(leaked),
-        } for (handle, conversation_id, initiator, service, far_service, state_code,
-               state_desc, lifetime, created_at, leaked) in rows[:CONVERSATION_LIMIT]],
+        "conversations": [_conversation(row) for row in rows[:CONVERSATION_LIMIT]],
         "truncated": len(rows) > CONVERSATION_LIMIT,
         "counts": [{"state": s, "endpoints": int(n), "leaked": int(leaked)}
                    for s, n, leaked in counts],
@@ -333,6 +323,71 @@ def retry_transmissions(broker: Broker, to_service_name: str,
         ((count,),) = runner.run(runner.queries["ui_retry_transmissions"],
                                  [to_service_name, to_broker_instance])
     return int(count)
+
+
+def queues_by_name(broker: Broker) -> dict[str, dict[str, Any]]:
+    """The overview's queues by the names a DAG may give them: ``name`` and
+    ``schema.name``."""
+    found: dict[str, dict[str, Any]] = {}
+    for queue in overview(broker):
+        found.setdefault(queue["name"], queue)
+        found[f"{queue['schema']}.{queue['name']}"] = queue
+    return found
+
+
+def _conversation(row: Sequence[Any]) -> dict[str, Any]:
+    (handle, conversation_id, initiator, service, far_service, state_code, state_desc,
+     lifetime, created_at, leaked) = row
+    return {
+        "conversation_handle": str(handle),
+        "conversation_id": str(conversation_id),
+        "is_initiator": bool(initiator),
+        "service_name": service,
+        "far_service": far_service,
+        "state": state_code,
+        "state_desc": state_desc,
+        "lifetime": _iso(lifetime),
+        "created_at": _iso(created_at),
+        "is_leaked": bool(leaked),
+    }
+
+
+def task_instance(broker: Broker, consumer: str, handles: Sequence[uuid.UUID], *,
+                  bodies: bool) -> dict[str, Any]:
+    """What the broker knows of one task instance: what ``consumer`` (its Airflow inbox key)
+    received, of the queues the login may RECEIVE from, and the endpoints of ``handles`` and
+    of those messages' conversations that the login may see."""
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["ui_inbox"], [consumer, INBOX_LIMIT + 1])
+        wanted = list(dict.fromkeys([*handles, *(row[7] for row in rows[:INBOX_LIMIT])]))
+        endpoints = [found[0] for handle in wanted
+                     if (found := runner.run(runner.queries["ui_conversation_endpoint"],
+                                             [handle]))]
+    return {
+        "consumer": consumer,
+        "inbox": [{
+            "inbox_id": inbox_id,
+            "queue_name": queue_name,
+            "state": state,
+            "claimed_at": _iso(claimed_at),
+            "delivered_at": _iso(delivered_at),
+            "consumed_at": _iso(consumed_at),
+            "conversation_group_id": str(group),
+            "conversation_handle": str(handle),
+            "message_sequence_number": sequence,
+            "service_name": service,
+            "service_contract_name": contract,
+            "message_type_name": type_name,
+            "message_id": str(message_id),
+            "body": body_text(body) if bodies else None,
+            "body_masked": not bodies,
+        } for (inbox_id, queue_name, state, claimed_at, delivered_at, consumed_at, group,
+               handle, sequence, service, contract, type_name, message_id, body)
+            in rows[:INBOX_LIMIT]],
+        "truncated": len(rows) > INBOX_LIMIT,
+        "conversations": [_conversation(row) for row in endpoints],
+    }
 
 
 def error_body(error: BrokerError) -> dict[str, Any]:

@@ -20,11 +20,21 @@ def _fastapi_app() -> dict[str, Any]:
 class BrokerUIPlugin(AirflowPlugin):
     name = "airflow_broker_ui"
     fastapi_apps: list[Any] = [_fastapi_app()]  # noqa: RUF012 (AirflowPlugin's own type)
-    react_apps: list[Any] = [{  # noqa: RUF012
-        # The bundle publishes its component as globalThis[name].
-        "name": "Broker",
-        "bundle_url": BUNDLE_URL,
-        "destination": "nav",
-        "url_route": "broker",
-        "category": "Broker",
-    }]
+    # One bundle and one component for all three (it publishes itself as globalThis.Broker
+    # and tells the pages apart by the route's props); the name is also the tabs' label.
+    # url_routes must differ: the host drops an app whose route another one has.
+    react_apps: list[Any] = [  # noqa: RUF012
+        {
+            "name": "Broker",
+            "bundle_url": BUNDLE_URL,
+            "destination": "nav",
+            "url_route": "broker",
+            "category": "Broker",
+        },
+        # A "Broker" tab on each DAG's page: the queues its broker tasks use.
+        {"name": "Broker", "bundle_url": BUNDLE_URL, "destination": "dag",
+         "url_route": "broker-dag"},
+        # And on each task instance's page: its conversations and what it received.
+        {"name": "Broker", "bundle_url": BUNDLE_URL, "destination": "task_instance",
+         "url_route": "broker-task-instance"},
+    ]

@@ -295,3 +295,57 @@ def test_receive_on_the_senders_queue_retries_its_route_alone(
         assert set(routes(sender)) == {FAR_A}
         assert console.retry_transmissions(sender, FAR_B, None) == 0
         assert due(owned_dsn)[FAR_B] is False
+
+
+CONSUMER = "task:trades/manual__1/receive/-1"
+
+
+@pytest.fixture
+def received(owned_dsn: str, apps: None) -> dict[str, uuid.UUID]:
+    """A task instance that received one message from A's target queue and one from B's into
+    the Airflow inbox, as WaitForReceiveSensor does; the target handles by prefix."""
+    handles: dict[str, uuid.UUID] = {}
+    with Broker(owned_dsn) as admin:
+        for prefix in ("a_", "b_"):
+            with admin.transaction() as tx:
+                handle = tx.begin_dialog(f"{prefix}I", f"{prefix}T", f"{prefix}C")
+                tx.send(handle, f"{prefix}Req", f"to {prefix}")
+            with admin.transaction() as tx:
+                runner = runner_of(tx)
+                [claimed] = runner.run(runner.queries["inbox_claim"], [
+                    CONSUMER, f"{prefix}q_t", None, None, None, None, "trades", "manual__1"])
+            handles[prefix] = claimed[8]
+    return handles
+
+
+def test_a_task_instances_inbox_shows_what_the_login_may_receive(
+        owned_dsn: str, received: dict[str, uuid.UUID]) -> None:
+    with ui_login(owned_dsn) as nobody:
+        before = snapshot(owned_dsn)
+        shown = console.task_instance(nobody, CONSUMER, list(received.values()), bodies=True)
+        assert (shown["inbox"], shown["conversations"]) == ([], [])
+        assert snapshot(owned_dsn) == before
+    with ui_login(owned_dsn, *READ_ONLY_UI) as viewer:
+        # Seeing a queue is not reading what a RECEIVE took from it.
+        shown = console.task_instance(viewer, CONSUMER, list(received.values()), bodies=True)
+        assert (shown["inbox"], shown["conversations"]) == ([], [])
+    with ui_login(owned_dsn, *A.reader_grants()) as reader:
+        before = snapshot(owned_dsn)
+        shown = console.task_instance(reader, CONSUMER, [received["b_"]], bodies=True)
+        [message] = shown["inbox"]
+        assert (message["queue_name"], message["state"], message["body"]) == (
+            "a_q_t", "claimed", "to a_")
+        assert message["message_type_name"] == "a_Req"
+        # B's conversation, named by the task, is not this login's to see.
+        [endpoint] = shown["conversations"]
+        assert endpoint["conversation_handle"] == str(received["a_"])
+        assert (endpoint["service_name"], endpoint["far_service"], endpoint["state"]) == (
+            "a_T", "a_I", "CO")
+        masked = console.task_instance(reader, CONSUMER, [], bodies=False)["inbox"]
+        assert [(m["body"], m["body_masked"]) for m in masked] == [(None, True)]
+        # Another task instance's key holds nothing.
+        assert console.task_instance(reader, CONSUMER + "x", [], bodies=True)["inbox"] == []
+        assert snapshot(owned_dsn) == before
+    with Broker(owned_dsn) as admin:
+        assert [m["queue_name"] for m in console.task_instance(
+            admin, CONSUMER, [], bodies=False)["inbox"]] == ["a_q_t", "b_q_t"]

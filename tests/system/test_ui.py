@@ -111,9 +111,10 @@ def queue_row(page: Page) -> Any:
 def test_the_plugin_is_in_airflows_menu_and_serves_its_bundle(
         airflow_deployment: Deployment, airflow_api: AirflowApi) -> None:
     plugins = {p["name"]: p for p in airflow_api.get("/api/v2/plugins")["plugins"]}
-    [react_app] = plugins["airflow_broker_ui"]["react_apps"]
-    assert (react_app["name"], react_app["destination"], react_app["url_route"]) == (
-        "Broker", "nav", "broker")
+    apps = {(a["name"], a["destination"], a["url_route"])
+            for a in plugins["airflow_broker_ui"]["react_apps"]}
+    assert apps == {("Broker", "nav", "broker"), ("Broker", "dag", "broker-dag"),
+                    ("Broker", "task_instance", "broker-task-instance")}
     api = airflow_deployment.api_url
     bundle = httpx.get(f"{api}/broker/static/broker-ui.umd.cjs")
     assert bundle.status_code == 200
@@ -276,3 +277,59 @@ def test_transmission_shows_a_message_waiting_on_a_route_and_retries_it(
             with broker.transaction() as tx:
                 tx.end_conversation(handle, cleanup=True)
                 tx.drop_route("ui_far_route")
+
+
+def test_the_broker_tabs_of_a_dag_and_of_a_finished_task_instance(
+        browser: Browser, airflow_deployment: Deployment, airflow_api: AirflowApi,
+        system_databases: SystemDatabases, screenshots: Path) -> None:
+    """broker_stock_trade's tab lists TraderQueue, which its sensor and receiver use, with
+    its state; a trade's send, finished while the trader waits for the brokerage (paused
+    here), shows the conversation it sent on, still open, and its far service."""
+    dag_id = "broker_stock_trade"
+    airflow_api.wait_for_dag(dag_id)
+    airflow_api.wait_for_dag("broker_stock_trade_brokerage")
+    airflow_api.set_paused("broker_stock_trade_brokerage", True)
+    airflow_api.unpause(dag_id)
+    run_id = airflow_api.trigger(dag_id)
+    airflow_deployment.wait_for(
+        lambda: airflow_api.task_states(dag_id, run_id).get("send_trade_3") == "success",
+        "the trader's trades sent")
+    # docs/security.md: the conversations of a queue's services are its readers' to see.
+    system_databases.grant_ui(roles.broker_grant("RECEIVE", "QUEUE::TraderQueue"))
+    try:
+        page = open_page(browser, airflow_deployment, "viewer", "light",
+                         f"dags/{dag_id}/plugin/broker-dag")
+        row = page.get_by_test_id("dag-queue-TraderQueue")
+        # Airflow's DAG and task pages load more than the plugin's page before the tab's
+        # bundle: seconds on a busy machine, past expect()'s default of five.
+        expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"),
+                                                               timeout=GUARD_MS)
+        expect(row).to_contain_text("wait_for_brokerage")
+        expect(row).to_contain_text("receive_acknowledgements")
+        page.screenshot(path=screenshots / "dag-tab-light.png", full_page=True)
+        # To the broker's page of that queue.
+        row.get_by_test_id("queue-link").click()
+        expect(page.get_by_test_id("queue-summary")).to_be_visible()
+        page.context.close()
+
+        handle = airflow_api.xcom(dag_id, run_id, "begin_dialog")
+        page = open_page(browser, airflow_deployment, "viewer", "light",
+                         f"dags/{dag_id}/runs/{run_id}/tasks/send_trade_1"
+                         "/plugin/broker-task-instance")
+        expect(page.get_by_test_id("ti-field-conversation_handle")).to_contain_text(
+            handle, timeout=GUARD_MS)
+        expect(page.get_by_test_id("ti-field-message_type_name")).to_contain_text(
+            "//Trading/TradeEntry")
+        conversation = page.get_by_test_id("ti-conversation")
+        expect(conversation).to_contain_text(handle)
+        expect(conversation).to_contain_text("//Trading/BrokerageService")
+        # Open: the brokerage has not answered (STARTED_OUTBOUND until its side exists).
+        expect(conversation).to_have_attribute("data-state", re.compile("^(SO|CO)$"))
+        expect(page.get_by_test_id("no-inbox")).to_be_visible()
+        page.screenshot(path=screenshots / "task-instance-tab-light.png", full_page=True)
+        page.context.close()
+    finally:
+        # The brokerage acknowledges, the run completes, and the conversation ends.
+        airflow_api.unpause("broker_stock_trade_brokerage")
+        assert airflow_api.wait_for_run(dag_id, run_id)["state"] == "success"
+        airflow_api.set_paused("broker_stock_trade_brokerage", True)

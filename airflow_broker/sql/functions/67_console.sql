@@ -392,3 +392,35 @@ BEGIN
     RETURN v_count;
 END
 $$;
+
+-- What one Airflow consumer holds in the Airflow inbox (airflow_inbox: a sensor's task
+-- instance is 'task:<dag_id>/<run_id>/<task_id>/<map_index>'), oldest first: the messages it
+-- received, in which state (claimed, delivered, rejected, consumed) and since when. A row is
+-- shown only to a login that may RECEIVE from its queue, as the queue's own messages are
+-- (console_queue_messages): the inbox holds what a RECEIVE took from that queue. Rows of other
+-- queues are left out rather than refused, as console_conversations leaves out conversations
+-- of queues the login may not read, so a task instance that received from several queues shows
+-- what the login may read. Bodies of consumed rows are gone already (airflow_consume).
+CREATE OR REPLACE FUNCTION console_inbox(p_consumer text, p_limit integer)
+RETURNS TABLE (inbox_id bigint, queue_name text, state text, claimed_at timestamp,
+               delivered_at timestamp, consumed_at timestamp,
+               conversation_group_id uuid, conversation_handle uuid,
+               message_sequence_number bigint, service_name text,
+               service_contract_name text, message_type_name text, message_id uuid,
+               message_body bytea)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT i.inbox_id, i.queue_name, i.state, i.claimed_at, i.delivered_at, i.consumed_at,
+           i.conversation_group_id, i.conversation_handle, i.message_sequence_number,
+           i.service_name, i.service_contract_name, i.message_type_name, i.message_id,
+           i.message_body
+      FROM airflow_inbox i
+      -- The queue as the RECEIVE named it; a queue dropped since is no longer anyone's to
+      -- read, bar the owner.
+      LEFT JOIN LATERAL find_queue(i.queue_name) q ON true
+     WHERE i.consumer = p_consumer
+       AND ((SELECT is_broker_owner())
+            OR (q.object_id IS NOT NULL
+                AND has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)))
+     ORDER BY i.inbox_id
+     LIMIT p_limit
+$$;

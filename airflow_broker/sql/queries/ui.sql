@@ -73,3 +73,18 @@ SELECT to_service_name, to_broker_instance, delivery, messages, conversations,
 -- Makes what waits for one route due now (RECEIVE on the sending services' queues); returns
 -- how many messages.
 SELECT {schema}.console_retry_transmissions(%s, %s)
+
+-- ui_conversation_endpoint --
+-- One conversation endpoint the login may see (RECEIVE on its service's queue), or no row.
+SELECT conversation_handle, conversation_id, is_initiator, service_name, far_service, state,
+       state_desc, lifetime, created_at, is_leaked
+  FROM {schema}.console_conversations(NULL, false, 1, %s)
+
+-- ui_inbox --
+-- What one Airflow consumer (a task instance: 'task:<dag_id>/<run_id>/<task_id>/<map_index>')
+-- holds in the Airflow inbox, of the queues the login may RECEIVE from, oldest first, at most
+-- %s rows.
+SELECT inbox_id, queue_name, state, claimed_at, delivered_at, consumed_at,
+       conversation_group_id, conversation_handle, message_sequence_number, service_name,
+       service_contract_name, message_type_name, message_id, message_body
+  FROM {schema}.console_inbox(%s, %s)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 import pytest
@@ -17,8 +19,9 @@ from fastapi.testclient import TestClient
 
 from airflow_broker import Broker
 from airflow_broker.worker.transport import Transport
-from tests.fixtures.airflow import connection_json
+from tests.fixtures.airflow import RunDag, connection_json, task_states
 from tests.support import roles
+from tests.support.airflow_helpers import dag_file
 from tests.support.brokers import App
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
 
@@ -27,6 +30,7 @@ from tests.support.quarantine import PoisonedQueue, poisoned_queue
 os.environ.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "ui-api-tests-" + "x" * 64)
 
 QUEUE = "q_t"
+TAB_DAG = "t_ui_tabs"
 READS = ("/api/overview", f"/api/queues/{QUEUE}", f"/api/queues/{QUEUE}/quarantine")
 WRITES: tuple[tuple[str, dict[str, Any]], ...] = (
     (f"/api/queues/{QUEUE}/status", {"enabled": True}),
@@ -79,17 +83,59 @@ class BodiesWithheld(SimpleAuthManager):
                                               user=user))
 
 
-@pytest.fixture
-def bodies_withheld(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+class DagWithheld(SimpleAuthManager):
+    """An auth manager that refuses everyone the DAG t_ui_tabs, as a FAB role without
+    can_read on that DAG does."""
+
+    def is_authorized_dag(self, *, method: Any, user: SimpleAuthManagerUser,
+                          access_entity: Any = None, details: Any = None) -> bool:
+        return getattr(details, "id", None) != TAB_DAG and bool(super().is_authorized_dag(
+            method=method, user=user, access_entity=access_entity, details=details))
+
+
+class TaskInstancesWithheld(SimpleAuthManager):
+    """An auth manager that lets everyone read DAGs but not their task instances."""
+
+    def is_authorized_dag(self, *, method: Any, user: SimpleAuthManagerUser,
+                          access_entity: Any = None, details: Any = None) -> bool:
+        from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+
+        return access_entity != DagAccessEntity.TASK_INSTANCE and bool(
+            super().is_authorized_dag(method=method, user=user, access_entity=access_entity,
+                                      details=details))
+
+
+@contextmanager
+def auth_manager(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[None]:
+    """Airflow's app with an auth manager of this module (before the ``ui`` fixture makes
+    it), and the configured one again afterwards."""
     from airflow.api_fastapi.app import purge_cached_app
 
-    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", f"{__name__}.BodiesWithheld")
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", f"{__name__}.{name}")
     purge_cached_app()
     try:
         yield
     finally:
         # The next test's auth manager is the configured one again.
         purge_cached_app()
+
+
+@pytest.fixture
+def bodies_withheld(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with auth_manager(monkeypatch, "BodiesWithheld"):
+        yield
+
+
+@pytest.fixture
+def dag_withheld(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with auth_manager(monkeypatch, "DagWithheld"):
+        yield
+
+
+@pytest.fixture
+def task_instances_withheld(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with auth_manager(monkeypatch, "TaskInstancesWithheld"):
+        yield
 
 
 @pytest.fixture
@@ -586,3 +632,118 @@ def test_a_queue_page_lists_its_reader_runs_with_their_task_instances(
     assert (newest["readers"], newest["received"], newest["failed_readers"]) == (0, None, [])
     assert oldest["task_instance"] is None and oldest["ended_at"] is not None
     assert page["activations"] == []
+
+
+# A sensor that receives into the Airflow inbox, a task that ends the conversation it
+# received on, and two tasks that never run (their upstream succeeds): one naming a queue by a
+# template, one a queue that does not exist.
+TAB_TASKS = """
+    from airflow_broker.operators import EnableQueueOperator
+
+    received = WaitForReceiveSensor(task_id="received", queue_name="q_t",
+                                    receive_messages=True, timeout=60, poll_interval=0.2)
+    end = EndConversationOperator(
+        task_id="end",
+        conversation_handle="{{ ti.xcom_pull(task_ids='received')[0]['conversation_handle'] }}")
+    alerts = QueueDisabledSensor(task_id="alerts", queue_names=["q_t", "{{ params.queue }}"],
+                                 trigger_rule="all_failed")
+    enable = EnableQueueOperator(task_id="enable", queue_name="no_such_queue",
+                                 trigger_rule="all_failed")
+    received >> end >> [alerts, enable]
+"""
+
+
+@pytest.fixture
+def tab_run(run_dag: RunDag, app: App) -> Any:
+    """A run of t_ui_tabs that received one message; the DAG stays serialized in Airflow."""
+    with app.broker.transaction() as tx:
+        tx.send(tx.begin_dialog("I", "T", "C"), "Req", "for the tab")
+    with dag_file(TAB_DAG, TAB_TASKS):
+        dag_run = run_dag(TAB_DAG)
+    assert task_states(dag_run) == {"received": "success", "end": "success",
+                                    "alerts": "skipped", "enable": "skipped"}
+    return dag_run
+
+
+def ti_path(dag_run: Any, task_id: str) -> str:
+    # A manual run's id has a "+" (its time zone), which a query string must escape.
+    return f"/api/dags/{TAB_DAG}/task-instance?" + urlencode(
+        {"run_id": dag_run.run_id, "task_id": task_id, "map_index": -1})
+
+
+def test_the_dag_tab_lists_the_queues_of_the_dags_broker_tasks_with_their_state(
+        ui: Ui, tab_run: Any) -> None:
+    response = ui.get(f"/api/dags/{TAB_DAG}/queues", "viewer")
+    assert response.status_code == 200, response.text
+    queues = {q["raw"]: q for q in response.json()["queues"]}
+    # QueueDisabledSensor's notifications arrive on a queue of its own.
+    assert set(queues) == {"q_t", "{{ params.queue }}", "no_such_queue",
+                           "AirflowBrokerAlertQueue"}
+    q_t = queues["q_t"]
+    assert (q_t["name"], q_t["is_template"]) == ("q_t", False)
+    assert [(t["task_id"], t["field"]) for t in q_t["tasks"]] == [
+        ("received", "queue_name"), ("alerts", "queue_names")]
+    assert q_t["tasks"][0]["task_type"] == "WaitForReceiveSensor"
+    # As the overview shows it.
+    assert (q_t["state"]["enabled"], q_t["state"]["depth"], q_t["state"]["quarantined"]) == (
+        True, 0, 0)
+    # A template is shown as written, not resolved.
+    templated = queues["{{ params.queue }}"]
+    assert (templated["name"], templated["is_template"], templated["state"]) == (
+        None, True, None)
+    # No queue of that name the pages' login may see.
+    assert queues["no_such_queue"]["state"] is None
+    assert ui.get("/api/dags/no_such_dag/queues", "viewer").status_code == 404
+
+
+def test_the_task_instance_tab_shows_the_inbox_and_the_conversation(
+        ui: Ui, tab_run: Any) -> None:
+    response = ui.get(ti_path(tab_run, "received"), "viewer")
+    assert response.status_code == 200, response.text
+    sensor = response.json()
+    assert (sensor["state"], sensor["is_broker_task"], sensor["rendered"]) == (
+        "success", True, True)
+    assert sensor["fields"]["queue_name"] == "q_t"
+    assert sensor["consumer"] == f"task:{TAB_DAG}/{tab_run.run_id}/received/-1"
+    [message] = sensor["inbox"]
+    assert (message["queue_name"], message["state"], message["message_type_name"],
+            message["body"]) == ("q_t", "claimed", "Req", "for the tab")
+    [conversation] = sensor["conversations"]
+    assert conversation["conversation_handle"] == message["conversation_handle"]
+    assert (conversation["service_name"], conversation["far_service"]) == ("T", "I")
+
+    end = ui.get(ti_path(tab_run, "end"), "viewer").json()
+    assert end["fields"]["conversation_handle"] == message["conversation_handle"]
+    assert end["inbox"] == []
+    [ended] = end["conversations"]
+    assert ended["conversation_handle"] == message["conversation_handle"]
+    # Ended by the target: closed, or waiting for the initiator to end its side.
+    assert ended["state"] in ("CD", "DO")
+
+    # A task that never ran has nothing rendered.
+    skipped = ui.get(ti_path(tab_run, "alerts"), "viewer").json()
+    assert (skipped["state"], skipped["rendered"], skipped["fields"]) == ("skipped", False, {})
+    assert ui.get(ti_path(tab_run, "nothing"), "viewer").status_code == 404
+
+
+def test_the_tabs_need_a_login_and_are_read_only(ui: Ui, tab_run: Any) -> None:
+    for path in (f"/api/dags/{TAB_DAG}/queues", ti_path(tab_run, "received")):
+        assert ui.get(path).status_code == 401, path
+        assert ui.post(path, {}, "admin").status_code == 405, path
+
+
+def test_a_user_the_auth_manager_refuses_the_dag_gets_403(
+        dag_withheld: None, ui: Ui, tab_run: Any) -> None:
+    for path in (f"/api/dags/{TAB_DAG}/queues", ti_path(tab_run, "received")):
+        response = ui.get(path, "admin")
+        assert response.status_code == 403, (path, response.text)
+        assert "for the tab" not in response.text
+    # Other DAGs' tabs are not affected.
+    assert ui.get("/api/dags/broker_stock_trade/queues", "admin").status_code == 200
+
+
+def test_a_user_the_auth_manager_refuses_task_instances_gets_403_on_their_tab(
+        task_instances_withheld: None, ui: Ui, tab_run: Any) -> None:
+    assert ui.get(f"/api/dags/{TAB_DAG}/queues", "viewer").status_code == 200
+    response = ui.get(ti_path(tab_run, "received"), "viewer")
+    assert response.status_code == 403, response.text

@@ -6,7 +6,7 @@ import { age, depth, when } from "./format";
 import { Problem } from "./Problem";
 import { usePolling } from "./usePolling";
 
-function QueueState({ queue }) {
+export function QueueState({ queue }) {
   if (queue.enabled) {
     return <Badge colorPalette="green" data-testid="queue-state">enabled</Badge>;
   }

@@ -1,14 +1,17 @@
-// The broker's pages, rendered by Airflow's UI at /plugin/broker. The page and queue are in
-// the query string (?queue=...&page=queue|quarantine, ?page=health|conversations|transmission),
-// so each page has its own address.
+// The broker's pages, rendered by Airflow's UI at /plugin/broker, and its "Broker" tabs on a
+// DAG's and a task instance's pages (plugin.py). The page and queue are in the query string
+// (?queue=...&page=queue|quarantine, ?page=health|conversations|transmission), so each page
+// has its own address.
 import { Box, Breadcrumb, Button, ChakraProvider, defaultSystem, HStack } from "@chakra-ui/react";
 import { useSearchParams } from "react-router-dom";
 
 import { Conversations } from "./Conversations";
+import { DagTab } from "./DagTab";
 import { Health } from "./Health";
 import { Overview } from "./Overview";
 import { Quarantine } from "./Quarantine";
 import { Queue } from "./Queue";
+import { TaskInstanceTab } from "./TaskInstanceTab";
 import { Transmission } from "./Transmission";
 
 const TOP_PAGES = ["health", "conversations", "transmission"];
@@ -65,11 +68,20 @@ function Pages() {
   );
 }
 
+// One component for the three apps, all named "Broker" so that the tabs are labelled so: the
+// host renders it with the route's dagId, runId, taskId and mapIndex, which tell a task
+// instance's tab and a DAG's from the nav pages (which have none of them).
 // The host's theme, so the pages follow Airflow's light and dark mode.
-export default function BrokerPlugin() {
+export default function BrokerPlugin({ dagId, runId, taskId, mapIndex }) {
+  const page = dagId && runId && taskId
+    ? <TaskInstanceTab dagId={dagId} runId={runId} taskId={taskId} mapIndex={mapIndex} />
+    : dagId ? <DagTab dagId={dagId} /> : <Pages />;
   return (
-    <ChakraProvider value={globalThis.ChakraUISystem ?? defaultSystem}>
-      <Pages />
-    </ChakraProvider>
+    <ChakraProvider value={globalThis.ChakraUISystem ?? defaultSystem}>{page}</ChakraProvider>
   );
 }
+
+// The host imports the bundle once per app, but a module runs once: it clears
+// globalThis.AirflowPlugin before each import and then takes globalThis[<app name>], so the
+// component is published under the apps' name as well.
+globalThis.Broker = BrokerPlugin;
