@@ -57,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waitfor-timeout", type=float, default=1.0)
     parser.add_argument("--idle-exit", type=float, default=5.0)
     args = parser.parse_args(argv)
-    dsn = os.environ.get("AIRFLOW_BROKER_DSN")
+    from airflow_broker.broker import DSN_ENV, Broker
+
+    dsn = os.environ.get(DSN_ENV)
     if not dsn:
-        print("AIRFLOW_BROKER_DSN is not set", file=sys.stderr)
+        print(f"{DSN_ENV} is not set", file=sys.stderr)
         return 2
-    from airflow_broker.broker import Broker
     from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig
 
     config = ReaderConfig(queue_name=args.queue, handler=HANDLER, batch_size=args.batch_size,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import airflow_broker.spark.reader as spark_reader
+from airflow_broker.broker import DSN_ENV
 from airflow_broker.spark import cluster as spark_cluster
 from airflow_broker.spark import shipping as spark_shipping
 from bench import ours_setup
@@ -107,7 +108,7 @@ def _child_env(dsn: str) -> dict[str, str]:
     paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {
         **os.environ,
-        "AIRFLOW_BROKER_DSN": dsn,
+        DSN_ENV: dsn,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
