@@ -62,6 +62,7 @@ def permissions(user: BaseUser) -> dict[str, bool]:
         "replay_quarantine": allowed(user, "POST", QUARANTINE) and allowed(user, "POST", QUEUES),
         "replay_only": allowed(user, "POST", QUARANTINE),
         "cleanup_conversation": allowed(user, "POST", CONVERSATIONS),
+        "end_conversation": allowed(user, "POST", CONVERSATIONS),
         "retry_transmission": allowed(user, "POST", TRANSMISSION),
     }
 

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from airflow_broker.broker import Broker
-from airflow_broker.errors import BrokerError, NotFound, PermissionDenied
+from airflow_broker.errors import BrokerError, InvalidArgument, NotFound, PermissionDenied
 from airflow_broker.ui import access, console, dags
 
 DIST = Path(__file__).parent / "www" / "dist"
@@ -83,9 +83,10 @@ BrokerDep = Annotated[Broker, Depends(broker)]
 @app.exception_handler(BrokerError)
 async def broker_error(request: Request, error: BrokerError) -> JSONResponse:
     # The broker's refusals of the pages' login: 403 for a permission it lacks on an object it
-    # may see (229), 404 for one it may not see or alter (208, 15151).
-    code = 404 if isinstance(error, NotFound) else 403 if isinstance(
-        error, PermissionDenied) else 409
+    # may see (229), 404 for one it may not see or alter (208, 15151), 400 for a value it
+    # refuses (an error code of END CONVERSATION WITH ERROR), 409 for a state that forbids it.
+    code = (404 if isinstance(error, NotFound) else 403 if isinstance(error, PermissionDenied)
+            else 400 if isinstance(error, InvalidArgument) else 409)
     return JSONResponse(console.error_body(error), status_code=code)
 
 
@@ -237,6 +238,22 @@ class CleanupBody(BaseModel):
 def post_cleanup(handle: uuid.UUID, body: CleanupBody, engine: BrokerDep) -> dict[str, Any]:
     console.cleanup_leak(engine, handle, body.confirm)
     return {"conversation_handle": str(handle), "cleaned_up": True}
+
+
+class EndWithErrorBody(BaseModel):
+    # Checked by the broker (its error numbers), not here: the page shows what END
+    # CONVERSATION itself says of a bad code or description.
+    error: int
+    description: str = Field(max_length=4000)
+
+
+@app.post("/api/conversations/{handle}/end-with-error",
+          dependencies=[Depends(access.requires("POST", access.CONVERSATIONS)),
+                        Depends(action_logging(event="broker_conversation_end_with_error"))])
+def post_end_with_error(handle: uuid.UUID, body: EndWithErrorBody,
+                        engine: BrokerDep) -> dict[str, Any]:
+    console.end_with_error(engine, handle, body.error, body.description)
+    return {"conversation_handle": str(handle), "ended_with_error": body.error}
 
 
 # -- transmission ----------------------------------------------------------------------------

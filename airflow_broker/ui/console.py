@@ -390,5 +390,13 @@ def task_instance(broker: Broker, consumer: str, handles: Sequence[uuid.UUID], *
     }
 
 
+def end_with_error(broker: Broker, handle: uuid.UUID, error: int, description: str) -> None:
+    """END CONVERSATION WITH ERROR: the peer gets an Error message with the code and the
+    description, and what still waited to be delivered is dropped. The broker checks the code,
+    the description and the login's right to end the conversation."""
+    with broker.transaction() as tx:
+        tx.end_conversation(handle, error=error, description=description)
+
+
 def error_body(error: BrokerError) -> dict[str, Any]:
     return {"detail": str(error), "error_number": error.number}

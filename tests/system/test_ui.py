@@ -222,6 +222,30 @@ def test_health_and_conversations_as_the_least_privileged_login(
     row.get_by_test_id("cleanup-submit").click()
     expect(row.get_by_test_id("error")).to_contain_text("229")
     expect(page.get_by_test_id("conversation-row").filter(has_text=leak)).to_have_count(1)
+
+    # An open conversation ended WITH ERROR from the page: the initiator gets the Error.
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            initiator = tx.begin_dialog("//UI/Desk", "//UI/Audit", "//UI/TradeContract")
+            tx.send(initiator, TRADE, "<trade id='5'/>")
+        with broker.transaction() as tx:
+            [trade] = tx.receive("ui_leak_q", 1)
+        target = str(trade.conversation_handle)
+        row = page.get_by_test_id("conversation-row").filter(has_text=target)
+        row.get_by_test_id("end-error-start").click()
+        expect(row.get_by_test_id("end-error-submit")).to_be_disabled()
+        row.get_by_test_id("end-error-code").fill("50002")
+        row.get_by_test_id("end-error-description").fill("audit stopped by an operator")
+        row.get_by_test_id("end-error-submit").click()
+        # The endpoint is closed, and nothing more may be done with it from the page.
+        expect(row).to_contain_text("CLOSED")
+        expect(row.get_by_test_id("end-error-start")).to_have_count(0)
+        with broker.transaction() as tx:
+            [error] = tx.receive("ui_desk_q", conversation_handle=initiator)
+            tx.end_conversation(initiator)
+        assert error.is_error
+        assert (error.error().code, error.error().description) == (
+            50002, "audit stopped by an operator")
     page.context.close()
 
 

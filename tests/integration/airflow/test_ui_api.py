@@ -18,6 +18,7 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from fastapi.testclient import TestClient
 
 from airflow_broker import Broker
+from airflow_broker.messages import ERROR
 from airflow_broker.worker.transport import Transport
 from tests.fixtures.airflow import RunDag, connection_json, task_states
 from tests.support import roles
@@ -188,6 +189,7 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     assert viewer["permissions"] == {"view_bodies": True, "enable_disable_queue": False,
                                      "replay_quarantine": False, "replay_only": False,
                                      "cleanup_conversation": False,
+                                     "end_conversation": False,
                                      "retry_transmission": False}
     # SimpleAuthManager lets every logged-in user read custom views, bodies included.
     [group] = viewer["groups"]
@@ -198,7 +200,7 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     op = ui.get("/api/overview", "op").json()["permissions"]
     assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True,
                   "replay_only": True, "cleanup_conversation": True,
-                  "retry_transmission": True}
+                  "end_conversation": True, "retry_transmission": True}
 
 
 def test_bodies_are_masked_for_users_the_auth_manager_refuses_them(
@@ -747,3 +749,32 @@ def test_a_user_the_auth_manager_refuses_task_instances_gets_403_on_their_tab(
     assert ui.get(f"/api/dags/{TAB_DAG}/queues", "viewer").status_code == 200
     response = ui.get(ti_path(tab_run, "received"), "viewer")
     assert response.status_code == 403, response.text
+
+
+def test_end_conversation_with_error_tells_the_peer_and_bad_input_changes_nothing(
+        ui: Ui, app: App) -> None:
+    """END CONVERSATION WITH ERROR from the conversations page: the peer receives the Error
+    message with the operator's code and description; a viewer is refused, and a code the
+    broker refuses comes back with its number, with nothing changed."""
+    with app.broker.transaction() as tx:
+        handle = tx.begin_dialog("I", "T", "C")
+        tx.send(handle, "Req", "<order id='1'/>")
+    path = f"/api/conversations/{handle}/end-with-error"
+    body = {"error": 50001, "description": "stopped by an operator"}
+    assert ui.post(path, body, "viewer").status_code == 403
+    response = ui.post(path, {"error": 0, "description": "no code"}, "op")
+    assert response.status_code == 400, response.text
+    assert response.json()["error_number"] == 50109  # InvalidErrorCode: codes are > 0
+    states = {c["conversation_handle"]: c["state"]
+              for c in ui.get("/api/conversations", "viewer").json()["conversations"]}
+    assert states[str(handle)] == "CO"
+
+    response = ui.post(path, body, "op")
+    assert response.status_code == 200, response.text
+    assert audit_events("broker_conversation_end_with_error")[-1][0] == "ui_op"
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t")
+    # The Error comes first, before the data still on the queue (T-RC-08).
+    assert [m.message_type_name for m in received] == [ERROR, "Req"]
+    (error,) = [m.error() for m in received if m.is_error]
+    assert (error.code, error.description) == (50001, "stopped by an operator")

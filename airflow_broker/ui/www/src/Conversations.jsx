@@ -1,6 +1,6 @@
 // The conversations the UI's login may see, by state, leaks flagged. END CONVERSATION WITH
 // CLEANUP never tells the peer, so it is offered for a leak alone, and only after the user
-// types the conversation's handle.
+// types the conversation's handle; WITH ERROR for an open conversation.
 import { Badge, Box, Button, Heading, HStack, Input, Table, Text } from "@chakra-ui/react";
 import { useState } from "react";
 
@@ -41,6 +41,52 @@ function Cleanup({ handle, done }) {
         <Button size="xs" colorPalette="red" loading={busy} disabled={typed.trim() !== handle}
                 onClick={submit} data-testid="cleanup-submit">END WITH CLEANUP</Button>
         <Button size="xs" variant="ghost" onClick={() => setTyped(null)}>Cancel</Button>
+      </HStack>
+      <Problem error={error} />
+    </Box>
+  );
+}
+
+// END CONVERSATION WITH ERROR: the peer gets an Error message with this code and text, and
+// what still waited to be delivered is dropped; the broker checks both and says why it refuses.
+const ENDABLE = ["SO", "SI", "CO", "DI"];
+
+function EndWithError({ handle, done }) {
+  const [form, setForm] = useState(null);
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  if (form === null) {
+    return (
+      <Button size="xs" variant="outline" data-testid="end-error-start"
+              onClick={() => setForm({ error: "", description: "" })}>End with error</Button>
+    );
+  }
+  const submit = async () => {
+    setBusy(true);
+    setError(null);
+    try {
+      await postJson(`conversations/${encodeURIComponent(handle)}/end-with-error`,
+                     { error: Number(form.error), description: form.description });
+      await done();
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <Box>
+      <HStack>
+        <Input size="xs" w="24" type="number" placeholder="error code" value={form.error}
+               onChange={(e) => setForm({ ...form, error: e.target.value })}
+               data-testid="end-error-code" />
+        <Input size="xs" minW="xs" placeholder="description" value={form.description}
+               onChange={(e) => setForm({ ...form, description: e.target.value })}
+               data-testid="end-error-description" />
+        <Button size="xs" colorPalette="red" loading={busy}
+                disabled={form.error === "" || form.description.trim() === ""}
+                onClick={submit} data-testid="end-error-submit">END WITH ERROR</Button>
+        <Button size="xs" variant="ghost" onClick={() => setForm(null)}>Cancel</Button>
       </HStack>
       <Problem error={error} />
     </Box>
@@ -114,6 +160,9 @@ export function Conversations() {
                 <Table.Cell>
                   {c.is_leaked && perms.cleanup_conversation && (
                     <Cleanup handle={c.conversation_handle} done={refresh} />
+                  )}
+                  {!c.is_leaked && perms.end_conversation && ENDABLE.includes(c.state) && (
+                    <EndWithError handle={c.conversation_handle} done={refresh} />
                   )}
                 </Table.Cell>
               </Table.Row>
