@@ -128,6 +128,8 @@ def get_overview(user: Reader, engine: BrokerDep) -> dict[str, Any]:
 def get_queue(queue_name: str, user: Reader, engine: BrokerDep) -> dict[str, Any]:
     perms = access.permissions(user)
     return {**console.queue_messages(engine, queue_name, bodies=perms["view_bodies"]),
+            # Whether the broker lets the pages' login ALTER it: no button it would refuse.
+            "may_alter": console.queue_rights(engine, queue_name)["may_alter"],
             "permissions": perms}
 
 
@@ -160,6 +162,21 @@ def post_queue_status(queue_name: str, body: QueueStatusBody,
                       engine: BrokerDep) -> dict[str, Any]:
     console.set_queue_status(engine, queue_name, body.enabled)
     return {"queue_name": queue_name, "enabled": body.enabled}
+
+
+class ActivationBody(BaseModel):
+    enabled: bool | None = None
+    max_queue_readers: int | None = None
+
+
+@app.post("/api/queues/{queue_name}/activation",
+          dependencies=[Depends(access.requires("POST", access.QUEUES)),
+                        Depends(action_logging(event="broker_queue_activation"))])
+def post_queue_activation(queue_name: str, body: ActivationBody,
+                          engine: BrokerDep) -> dict[str, Any]:
+    console.set_activation(engine, queue_name, body.enabled, body.max_queue_readers)
+    return {"queue_name": queue_name, "activation_enabled": body.enabled,
+            "max_queue_readers": body.max_queue_readers}
 
 
 @app.post("/api/queues/{queue_name}/replay-and-enable",

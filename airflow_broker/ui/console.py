@@ -121,6 +121,7 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
         if not state:
             raise InvalidObjectName(f"Invalid object name '{queue_name}'.")
         rows = runner.run(runner.queries["ui_queue_messages"], [queue_name, MESSAGE_LIMIT + 1])
+        activation = runner.run(runner.queries["ui_queue_activation"], [queue_name])
         runs = runner.run(runner.queries["ui_reader_runs"], [queue_name, RUN_LIMIT])
         activations = runner.run(runner.queries["ui_activations"], [queue_name, RUN_LIMIT])
     groups: dict[str, dict[str, Any]] = {}
@@ -149,6 +150,8 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
         "depth": int(ready or 0),
         "truncated": len(rows) > MESSAGE_LIMIT,
         "groups": list(groups.values()),
+        "activation": dict(zip(("enabled", "procedure", "max_queue_readers", "execute_as"),
+                               activation[0], strict=True)) if activation else None,
         "reader_runs": [_reader_run(*run) for run in runs],
         "activations": [{
             "task_id": str(task_id), "procedure": procedure, "execute_as": execute_as,
@@ -201,6 +204,15 @@ def set_queue_status(broker: Broker, queue_name: str, enabled: bool) -> None:
     """ALTER QUEUE ... WITH STATUS = ON / OFF."""
     with broker.transaction() as tx:
         tx.alter_queue(queue_name, status=enabled)
+
+
+def set_activation(broker: Broker, queue_name: str, enabled: bool | None,
+                   max_queue_readers: int | None) -> None:
+    """ALTER QUEUE ... WITH ACTIVATION (STATUS = ON / OFF, MAX_QUEUE_READERS = n); a setting
+    left None keeps its value. The broker checks ALTER and the values."""
+    with broker.transaction() as tx:
+        tx.alter_queue(queue_name, activation_status=enabled,
+                       max_queue_readers=max_queue_readers)
 
 
 def replay(broker: Broker, queue_name: str, quarantine_ids: Sequence[int], *,

@@ -167,6 +167,12 @@ def test_an_operator_replays_and_enables_in_one_click_and_the_queue_drains(
     expect(page.get_by_test_id("message-row")).to_have_count(3)
     expect(page.get_by_test_id("queue-summary")).to_contain_text("Enabled")
     page.screenshot(path=screenshots / "queue-light.png", full_page=True)
+    # MAX_QUEUE_READERS from the queue page (activation stays off: the deployment's worker
+    # would start readers).
+    expect(page.get_by_test_id("activation-state")).to_have_text("off")
+    page.get_by_test_id("activation-readers").fill("2")
+    page.get_by_test_id("activation-readers-set").click()
+    expect(page.get_by_test_id("activation-max-readers")).to_have_text("2")
 
     # The application's reader, fixed, takes the three trades.
     with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker, \

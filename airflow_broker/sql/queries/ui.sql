@@ -25,6 +25,11 @@ SELECT conversation_group_id, conversation_handle, message_sequence_number,
        message_type_name, status, priority, enqueued_at, message_id, message_body
   FROM {schema}.console_queue_messages(%s, %s)
 
+-- ui_queue_activation --
+-- One queue's activation settings, if the login may see the queue.
+SELECT is_activation_enabled, activation_procedure, max_readers, execute_as
+  FROM {schema}.queue_definition(%s)
+
 -- ui_reader_runs --
 -- The newest reader runs of one queue the login may RECEIVE from, at most %s of them.
 SELECT run_id, started_at, ended_at, airflow, summary

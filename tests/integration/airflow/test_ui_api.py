@@ -778,3 +778,31 @@ def test_end_conversation_with_error_tells_the_peer_and_bad_input_changes_nothin
     assert [m.message_type_name for m in received] == [ERROR, "Req"]
     (error,) = [m.error() for m in received if m.is_error]
     assert (error.code, error.description) == (50001, "stopped by an operator")
+
+
+def test_an_operator_turns_activation_on_and_off_and_sets_max_queue_readers(
+        ui: Ui, app: App) -> None:
+    """ALTER QUEUE ... WITH ACTIVATION from a queue page: shown to everyone, changed by an
+    operator; a value the broker refuses comes back with its number and changes nothing."""
+    with app.broker.transaction() as tx:
+        tx.alter_queue(QUEUE, activation_status=False, max_queue_readers=1,
+                       activation_procedure="public.usp_drain")
+    path = f"/api/queues/{QUEUE}/activation"
+    page = ui.get(f"/api/queues/{QUEUE}", "viewer").json()
+    assert page["activation"] == {"enabled": False, "procedure": "public.usp_drain",
+                                  "max_queue_readers": 1, "execute_as": None}
+    assert ui.post(path, {"enabled": True}, "viewer").status_code == 403
+    response = ui.post(path, {"max_queue_readers": -1}, "op")
+    assert response.status_code == 400, response.text
+    assert response.json()["error_number"] == 50106
+    assert ui.get(f"/api/queues/{QUEUE}", "op").json()["activation"]["max_queue_readers"] == 1
+
+    assert ui.post(path, {"enabled": True, "max_queue_readers": 3}, "op").status_code == 200
+    page = ui.get(f"/api/queues/{QUEUE}", "op").json()
+    assert (page["activation"]["enabled"], page["activation"]["max_queue_readers"]) == (True, 3)
+    assert page["may_alter"] is True
+    assert ui.post(path, {"enabled": False}, "op").status_code == 200
+    assert ui.get(f"/api/queues/{QUEUE}", "op").json()["activation"]["enabled"] is False
+    # Every authorised attempt is in the audit log, the one the broker refused too; the
+    # viewer's, refused before it, is not.
+    assert audit_events("broker_queue_activation") == [("ui_op", "broker_queue_activation")] * 3

@@ -1,13 +1,61 @@
-import { Badge, Box, Code, Heading, Link, Stack, Table, Text } from "@chakra-ui/react";
+import { Badge, Box, Button, Code, Heading, HStack, Input, Link, Stack, Table, Text } from "@chakra-ui/react";
+import { useState } from "react";
 import { Link as RouterLink } from "react-router-dom";
 
-import { getJson, queuePath } from "./api";
+import { getJson, postJson, queuePath } from "./api";
 import { when } from "./format";
 import { Problem } from "./Problem";
 import { usePolling } from "./usePolling";
 
+// ALTER QUEUE ... WITH ACTIVATION for an operator whose login may ALTER the queue: on / off,
+// and MAX_QUEUE_READERS; the broker checks the values and says why it refuses.
+function Activation({ name, activation, canAlter, done }) {
+  const [readers, setReaders] = useState("");
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  if (!activation) return null;
+  const change = async (body) => {
+    setBusy(true);
+    setError(null);
+    try {
+      await postJson(`${queuePath(name)}/activation`, body);
+      setReaders("");
+      await done();
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <Box data-testid="queue-activation">
+      <Text>
+        Activation <Badge colorPalette={activation.enabled ? "green" : "gray"}
+                          data-testid="activation-state">{activation.enabled ? "on" : "off"}</Badge>
+        {activation.procedure ? <> procedure <Code>{activation.procedure}</Code></> : " (no procedure)"}
+        , at most <span data-testid="activation-max-readers">{activation.max_queue_readers}</span> reader(s)
+        {activation.execute_as ? `, as ${activation.execute_as}` : ""}
+      </Text>
+      {canAlter && (
+        <HStack mt={1}>
+          <Button size="xs" variant="outline" loading={busy} data-testid="activation-toggle"
+                  onClick={() => change({ enabled: !activation.enabled })}>
+            {activation.enabled ? "Turn activation off" : "Turn activation on"}
+          </Button>
+          <Input size="xs" w="28" type="number" placeholder="MAX_QUEUE_READERS" value={readers}
+                 onChange={(e) => setReaders(e.target.value)} data-testid="activation-readers" />
+          <Button size="xs" variant="outline" loading={busy} disabled={readers === ""}
+                  data-testid="activation-readers-set"
+                  onClick={() => change({ max_queue_readers: Number(readers) })}>Set</Button>
+        </HStack>
+      )}
+      <Problem error={error} />
+    </Box>
+  );
+}
+
 export function Queue({ name }) {
-  const { data, error } = usePolling(() => getJson(queuePath(name)), [name]);
+  const { data, error, refresh } = usePolling(() => getJson(queuePath(name)), [name]);
   return (
     <Box data-testid="broker-queue">
       <Heading size="lg" mb={1}>Queue {name}</Heading>
@@ -19,6 +67,8 @@ export function Queue({ name }) {
             {data.poison_reason ? `: ${data.poison_reason}` : ""}; {data.depth} message(s) ready
             {data.truncated ? " (showing the first ones)" : ""}
           </Text>
+          <Activation name={name} activation={data.activation} done={refresh}
+                      canAlter={data.permissions.enable_disable_queue && data.may_alter} />
           {data.groups.length === 0 && <Text data-testid="no-messages">No messages waiting.</Text>}
           {data.groups.map((g) => (
             <Box key={g.conversation_group_id} borderWidth="1px" borderRadius="md" p={2}
