@@ -61,6 +61,7 @@ def permissions(user: BaseUser) -> dict[str, bool]:
         "enable_disable_queue": allowed(user, "POST", QUEUES),
         "replay_quarantine": allowed(user, "POST", QUARANTINE) and allowed(user, "POST", QUEUES),
         "replay_only": allowed(user, "POST", QUARANTINE),
+        "discard_quarantine": allowed(user, "POST", QUARANTINE),
         "cleanup_conversation": allowed(user, "POST", CONVERSATIONS),
         "end_conversation": allowed(user, "POST", CONVERSATIONS),
         "retry_transmission": allowed(user, "POST", TRANSMISSION),

@@ -189,6 +189,14 @@ def post_replay_and_enable(queue_name: str, body: ReplayBody,
 
 
 
+@app.post("/api/queues/{queue_name}/discard",
+          dependencies=[Depends(access.requires("POST", access.QUARANTINE)),
+                        Depends(action_logging(event="broker_discard"))])
+def post_discard(queue_name: str, body: ReplayBody, engine: BrokerDep) -> dict[str, Any]:
+    return {"queue_name": queue_name,
+            "discarded": console.discard(engine, queue_name, body.quarantine_ids)}
+
+
 @app.post("/api/queues/{queue_name}/replay",
           dependencies=[Depends(access.requires("POST", access.QUARANTINE)),
                         Depends(action_logging(event="broker_replay"))])

@@ -236,6 +236,16 @@ def replay(broker: Broker, queue_name: str, quarantine_ids: Sequence[int], *,
     return int(replayed)
 
 
+def discard(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
+    """Discards quarantined messages of the queue (RECEIVE on it): kept as ``discarded``,
+    never delivered; an id not waiting in its quarantine refuses them all."""
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        ((discarded,),) = runner.run(runner.queries["ui_discard"],
+                                     [queue_name, sorted(set(quarantine_ids))])
+    return int(discarded)
+
+
 def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
     return replay(broker, queue_name, quarantine_ids, enable=True)
 

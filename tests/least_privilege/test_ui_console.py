@@ -93,6 +93,7 @@ def test_view_definition_on_one_queue_shows_that_queue_and_nothing_of_its_messag
         assert refused(lambda: console.replay(ui, QUEUE, poisoned.quarantine_ids,
                                               enable=False)) == 229
         assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
+        assert refused(lambda: console.discard(ui, QUEUE, poisoned.quarantine_ids)) == 229
         # B's queue, which it may not see, is answered as one that does not exist.
         assert refused(lambda: console.queue_messages(ui, "b_q_t", bodies=True)) == 208
         assert snapshot(owned_dsn) == before
@@ -134,6 +135,14 @@ def test_replay_takes_only_messages_of_the_queues_own_quarantine(
                               [QUEUE, others.quarantine_ids])
         assert error.value.number == 15151
         assert str(others.quarantine_ids[0]) in str(error.value)
+        # Nor may it discard them: one id of another queue refuses them all.
+        with pytest.raises(BrokerError) as error:
+            console.discard(ui, QUEUE, [*poisoned.quarantine_ids, others.quarantine_ids[0]])
+        assert error.value.number == 15151
+        assert len(console.quarantine(ui, QUEUE, bodies=False)) == 2
+        assert console.discard(ui, QUEUE, poisoned.quarantine_ids[:1]) == 1
+        assert [m["quarantine_id"] for m in console.quarantine(ui, QUEUE, bodies=False)] == (
+            poisoned.quarantine_ids[1:])
     with Broker(owned_dsn) as admin:
         assert len(console.quarantine(admin, "b_q_t", bodies=False)) == 1
 

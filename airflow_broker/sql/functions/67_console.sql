@@ -221,10 +221,40 @@ $$;
 CREATE OR REPLACE FUNCTION console_replay(p_queue text, p_quarantine_ids bigint[])
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    q queues := console_readable_queue(p_queue);
-    v_missing bigint;
     v_id bigint;
     v_count integer := 0;
+BEGIN
+    FOR v_id IN SELECT console_quarantined(p_queue, p_quarantine_ids) LOOP
+        PERFORM replay_quarantined(v_id);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+-- Discards quarantined messages of one queue (RECEIVE on it): kept as 'discarded', never
+-- delivered; 15151 for an id not waiting in the queue's quarantine, and nothing discarded.
+CREATE OR REPLACE FUNCTION console_discard(p_queue text, p_quarantine_ids bigint[])
+RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_id bigint;
+    v_count integer := 0;
+BEGIN
+    FOR v_id IN SELECT console_quarantined(p_queue, p_quarantine_ids) LOOP
+        PERFORM discard_quarantined(v_id);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+-- The ids, in order and once each, if every one waits in the quarantine of a queue the login
+-- may RECEIVE from; 15151 for the first that does not, before anything is changed.
+CREATE OR REPLACE FUNCTION console_quarantined(p_queue text, p_quarantine_ids bigint[])
+RETURNS SETOF bigint LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := console_readable_queue(p_queue);
+    v_missing bigint;
 BEGIN
     SELECT i INTO v_missing
       FROM unnest(p_quarantine_ids) i
@@ -236,11 +266,7 @@ BEGIN
                                          WHERE i IS NULL) THEN
         PERFORM raise_error(15151, 'quarantined message', coalesce(v_missing::text, 'NULL'));
     END IF;
-    FOR v_id IN SELECT DISTINCT i FROM unnest(p_quarantine_ids) i ORDER BY i LOOP
-        PERFORM replay_quarantined(v_id);
-        v_count := v_count + 1;
-    END LOOP;
-    RETURN v_count;
+    RETURN QUERY SELECT DISTINCT i FROM unnest(p_quarantine_ids) i ORDER BY i;
 END
 $$;
 

@@ -51,6 +51,10 @@ SELECT quarantine_id, status, quarantined_at, attempts, conversation_handle,
 -- Replays quarantined messages of one queue (RECEIVE on it); returns how many.
 SELECT {schema}.console_replay(%s, %s::bigint[])
 
+-- ui_discard --
+-- Discards quarantined messages of one queue (RECEIVE on it); returns how many.
+SELECT {schema}.console_discard(%s, %s::bigint[])
+
 -- ui_conversations --
 -- The conversations the login may see (RECEIVE on their service's queue), newest first, leaks
 -- flagged; state (NULL: any), leaks only, at most %s rows.

@@ -188,6 +188,7 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     viewer = ui.get(f"/api/queues/{QUEUE}", "viewer").json()
     assert viewer["permissions"] == {"view_bodies": True, "enable_disable_queue": False,
                                      "replay_quarantine": False, "replay_only": False,
+                                     "discard_quarantine": False,
                                      "cleanup_conversation": False,
                                      "end_conversation": False,
                                      "retry_transmission": False}
@@ -199,8 +200,9 @@ def test_viewers_see_no_bodies_and_no_actions(ui: Ui, poisoned: PoisonedQueue) -
     assert {m["error"] for m in quarantine["messages"]} == {"ValueError: bad trade"}
     op = ui.get("/api/overview", "op").json()["permissions"]
     assert op == {"view_bodies": True, "enable_disable_queue": True, "replay_quarantine": True,
-                  "replay_only": True, "cleanup_conversation": True,
-                  "end_conversation": True, "retry_transmission": True}
+                  "replay_only": True, "discard_quarantine": True,
+                  "cleanup_conversation": True, "end_conversation": True,
+                  "retry_transmission": True}
 
 
 def test_bodies_are_masked_for_users_the_auth_manager_refuses_them(
@@ -806,3 +808,21 @@ def test_an_operator_turns_activation_on_and_off_and_sets_max_queue_readers(
     # Every authorised attempt is in the audit log, the one the broker refused too; the
     # viewer's, refused before it, is not.
     assert audit_events("broker_queue_activation") == [("ui_op", "broker_queue_activation")] * 3
+
+
+def test_an_operator_discards_quarantined_messages(ui: Ui, poisoned: PoisonedQueue) -> None:
+    """Discard from the quarantine page: the messages stay recorded as discarded and are never
+    delivered; a viewer is refused, and an id not in the queue's quarantine discards none."""
+    path = f"/api/queues/{QUEUE}/discard"
+    first, second = poisoned.quarantine_ids
+    assert ui.post(path, {"quarantine_ids": [first]}, "viewer").status_code == 403
+    response = ui.post(path, {"quarantine_ids": [first, 999_999]}, "op")
+    assert response.status_code == 404, response.text
+    assert response.json()["error_number"] == 15151
+    assert queue_row(ui)["quarantined"] == 2
+    response = ui.post(path, {"quarantine_ids": [first]}, "op")
+    assert response.json() == {"queue_name": QUEUE, "discarded": 1}
+    left = ui.get(f"/api/queues/{QUEUE}/quarantine", "op").json()["messages"]
+    assert [m["quarantine_id"] for m in left] == [second]
+    assert queue_row(ui)["depth"] == 1  # nothing went back on the queue
+    assert audit_events("broker_discard")[-1] == ("ui_op", "broker_discard")

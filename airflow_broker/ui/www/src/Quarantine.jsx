@@ -29,13 +29,14 @@ export function Quarantine({ name }) {
   };
   const allSelected = messages.length > 0 && messages.every((m) => selected.has(m.quarantine_id));
 
-  const replay = async (enable) => {
+  // Replay (and enable), or discard: each acts on the selected messages and says what it did.
+  const act = async (action, said) => {
     setBusy(true);
     setActionError(null);
     try {
-      const result = await postJson(`${queuePath(name)}/${enable ? "replay-and-enable" : "replay"}`,
+      const result = await postJson(`${queuePath(name)}/${action}`,
                                     { quarantine_ids: [...selected] });
-      setDone(`${result.replayed} message(s) replayed${enable ? `; queue ${name} enabled` : ""}`);
+      setDone(said(result));
       setSelected(new Set());
       await refresh();
     } catch (err) {
@@ -44,6 +45,9 @@ export function Quarantine({ name }) {
       setBusy(false);
     }
   };
+  const replay = (enable) => act(enable ? "replay-and-enable" : "replay", (result) =>
+    `${result.replayed} message(s) replayed${enable ? `; queue ${name} enabled` : ""}`);
+  const discard = () => act("discard", (result) => `${result.discarded} message(s) discarded`);
 
   return (
     <Box data-testid="broker-quarantine">
@@ -63,6 +67,13 @@ export function Quarantine({ name }) {
           <Button size="sm" colorPalette="blue" disabled={selected.size === 0 || busy}
                   loading={busy} onClick={() => replay(false)} data-testid="replay">
             Replay
+          </Button>
+        )}
+        {perms.discard_quarantine && mayReplay && (
+          <Button size="sm" variant="outline" colorPalette="red"
+                  disabled={selected.size === 0 || busy} loading={busy} onClick={discard}
+                  data-testid="discard">
+            Discard
           </Button>
         )}
       </HStack>
