@@ -215,37 +215,39 @@ BEGIN
 END
 $$;
 
--- Puts quarantined messages of one queue back on their conversations, in order: a reader's
--- act, so RECEIVE on the queue. An id that is not waiting in this queue's quarantine is, to
--- this login, one that does not exist (15151), and nothing is replayed.
-CREATE OR REPLACE FUNCTION console_replay(p_queue text, p_quarantine_ids bigint[])
+-- Replays (p_replay) or discards the quarantined messages, once every id is found waiting.
+CREATE OR REPLACE FUNCTION console_settle(p_queue text, p_quarantine_ids bigint[],
+                                          p_replay boolean)
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_id bigint;
     v_count integer := 0;
 BEGIN
     FOR v_id IN SELECT console_quarantined(p_queue, p_quarantine_ids) LOOP
-        PERFORM replay_quarantined(v_id);
+        IF p_replay THEN
+            PERFORM replay_quarantined(v_id);
+        ELSE
+            PERFORM discard_quarantined(v_id);
+        END IF;
         v_count := v_count + 1;
     END LOOP;
     RETURN v_count;
 END
 $$;
 
+-- Puts quarantined messages of one queue back on their conversations, in order: a reader's
+-- act, so RECEIVE on the queue. An id that is not waiting in this queue's quarantine is, to
+-- this login, one that does not exist (15151), and nothing is replayed.
+CREATE OR REPLACE FUNCTION console_replay(p_queue text, p_quarantine_ids bigint[])
+RETURNS integer LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT console_settle(p_queue, p_quarantine_ids, true)
+$$;
+
 -- Discards quarantined messages of one queue (RECEIVE on it): kept as 'discarded', never
 -- delivered; 15151 for an id not waiting in the queue's quarantine, and nothing discarded.
 CREATE OR REPLACE FUNCTION console_discard(p_queue text, p_quarantine_ids bigint[])
-RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
-DECLARE
-    v_id bigint;
-    v_count integer := 0;
-BEGIN
-    FOR v_id IN SELECT console_quarantined(p_queue, p_quarantine_ids) LOOP
-        PERFORM discard_quarantined(v_id);
-        v_count := v_count + 1;
-    END LOOP;
-    RETURN v_count;
-END
+RETURNS integer LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT console_settle(p_queue, p_quarantine_ids, false)
 $$;
 
 -- The ids, in order and once each, if every one waits in the quarantine of a queue the login

@@ -5,6 +5,7 @@ import { Badge, Box, Button, Heading, HStack, Input, Table, Text } from "@chakra
 import { useState } from "react";
 
 import { getJson, postJson } from "./api";
+import { useAction } from "./useAction";
 import { when } from "./format";
 import { Problem } from "./Problem";
 import { usePolling } from "./usePolling";
@@ -13,26 +14,17 @@ const STATES = ["SO", "SI", "CO", "DI", "DO", "ER", "CD"];
 
 function Cleanup({ handle, done }) {
   const [typed, setTyped] = useState(null);
-  const [error, setError] = useState(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   if (typed === null) {
     return (
       <Button size="xs" variant="outline" colorPalette="red" data-testid="cleanup-start"
               onClick={() => setTyped("")}>Clean up</Button>
     );
   }
-  const submit = async () => {
-    setBusy(true);
-    setError(null);
-    try {
-      await postJson(`conversations/${encodeURIComponent(handle)}/cleanup`, { confirm: typed });
-      await done();
-    } catch (err) {
-      setError(err);
-    } finally {
-      setBusy(false);
-    }
-  };
+  const submit = () => run(true, async () => {
+    await postJson(`conversations/${encodeURIComponent(handle)}/cleanup`, { confirm: typed });
+    await done();
+  });
   return (
     <Box>
       <HStack>
@@ -53,27 +45,18 @@ const ENDABLE = ["SO", "SI", "CO", "DI"];
 
 function EndWithError({ handle, done }) {
   const [form, setForm] = useState(null);
-  const [error, setError] = useState(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   if (form === null) {
     return (
       <Button size="xs" variant="outline" data-testid="end-error-start"
               onClick={() => setForm({ error: "", description: "" })}>End with error</Button>
     );
   }
-  const submit = async () => {
-    setBusy(true);
-    setError(null);
-    try {
-      await postJson(`conversations/${encodeURIComponent(handle)}/end-with-error`,
-                     { error: Number(form.error), description: form.description });
-      await done();
-    } catch (err) {
-      setError(err);
-    } finally {
-      setBusy(false);
-    }
-  };
+  const submit = () => run(true, async () => {
+    await postJson(`conversations/${encodeURIComponent(handle)}/end-with-error`,
+                   { error: Number(form.error), description: form.description });
+    await done();
+  });
   return (
     <Box>
       <HStack>

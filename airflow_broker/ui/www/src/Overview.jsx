@@ -1,9 +1,9 @@
 import { Badge, Box, Button, Heading, HStack, Link, Table, Text } from "@chakra-ui/react";
-import { useState } from "react";
 
 import { getJson, postJson, queuePath } from "./api";
 import { age, depth, when } from "./format";
 import { Problem } from "./Problem";
+import { useAction } from "./useAction";
 import { usePolling } from "./usePolling";
 
 export function QueueState({ queue }) {
@@ -26,22 +26,13 @@ export function QueueState({ queue }) {
 
 export function Overview({ open }) {
   const { data, error, refresh } = usePolling(() => getJson("overview"), []);
-  const [actionError, setActionError] = useState(null);
-  const [busy, setBusy] = useState(null);
+  const { busy, error: actionError, run } = useAction();
   const perms = data ? data.permissions : {};
 
-  const setStatus = async (name, enabled) => {
-    setBusy(name);
-    setActionError(null);
-    try {
-      await postJson(`${queuePath(name)}/status`, { enabled });
-      await refresh();
-    } catch (err) {
-      setActionError(err);
-    } finally {
-      setBusy(null);
-    }
-  };
+  const setStatus = (name, enabled) => run(name, async () => {
+    await postJson(`${queuePath(name)}/status`, { enabled });
+    await refresh();
+  });
 
   return (
     <Box data-testid="broker-overview">

@@ -4,6 +4,7 @@ import { useState } from "react";
 import { getJson, postJson, queuePath } from "./api";
 import { when } from "./format";
 import { Problem } from "./Problem";
+import { useAction } from "./useAction";
 import { usePolling } from "./usePolling";
 
 export function Quarantine({ name }) {
@@ -12,9 +13,8 @@ export function Quarantine({ name }) {
   const { data, error, refresh } = usePolling(
     () => getJson(`${queuePath(name)}/quarantine${query}`), [name, query]);
   const [selected, setSelected] = useState(new Set());
-  const [actionError, setActionError] = useState(null);
+  const { busy, error: actionError, run } = useAction();
   const [done, setDone] = useState(null);
-  const [busy, setBusy] = useState(false);
   const messages = data ? data.messages : [];
   const perms = data ? data.permissions : {};
   // The auth manager's consent and the broker's: the UI's login may lack ALTER on the queue.
@@ -30,21 +30,13 @@ export function Quarantine({ name }) {
   const allSelected = messages.length > 0 && messages.every((m) => selected.has(m.quarantine_id));
 
   // Replay (and enable), or discard: each acts on the selected messages and says what it did.
-  const act = async (action, said) => {
-    setBusy(true);
-    setActionError(null);
-    try {
-      const result = await postJson(`${queuePath(name)}/${action}`,
-                                    { quarantine_ids: [...selected] });
-      setDone(said(result));
-      setSelected(new Set());
-      await refresh();
-    } catch (err) {
-      setActionError(err);
-    } finally {
-      setBusy(false);
-    }
-  };
+  const act = (action, said) => run(true, async () => {
+    const result = await postJson(`${queuePath(name)}/${action}`,
+                                  { quarantine_ids: [...selected] });
+    setDone(said(result));
+    setSelected(new Set());
+    await refresh();
+  });
   const replay = (enable) => act(enable ? "replay-and-enable" : "replay", (result) =>
     `${result.replayed} message(s) replayed${enable ? `; queue ${name} enabled` : ""}`);
   const discard = () => act("discard", (result) => `${result.discarded} message(s) discarded`);

@@ -5,28 +5,20 @@ import { Link as RouterLink } from "react-router-dom";
 import { getJson, postJson, queuePath } from "./api";
 import { when } from "./format";
 import { Problem } from "./Problem";
+import { useAction } from "./useAction";
 import { usePolling } from "./usePolling";
 
 // ALTER QUEUE ... WITH ACTIVATION for an operator whose login may ALTER the queue: on / off,
 // and MAX_QUEUE_READERS; the broker checks the values and says why it refuses.
 function Activation({ name, activation, canAlter, done }) {
   const [readers, setReaders] = useState("");
-  const [error, setError] = useState(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   if (!activation) return null;
-  const change = async (body) => {
-    setBusy(true);
-    setError(null);
-    try {
-      await postJson(`${queuePath(name)}/activation`, body);
-      setReaders("");
-      await done();
-    } catch (err) {
-      setError(err);
-    } finally {
-      setBusy(false);
-    }
-  };
+  const change = (body) => run(true, async () => {
+    await postJson(`${queuePath(name)}/activation`, body);
+    setReaders("");
+    await done();
+  });
   return (
     <Box data-testid="queue-activation">
       <Text>

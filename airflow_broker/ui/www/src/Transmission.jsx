@@ -7,6 +7,7 @@ import { useState } from "react";
 import { getJson, postJson } from "./api";
 import { age, when } from "./format";
 import { Problem } from "./Problem";
+import { useAction } from "./useAction";
 import { usePolling } from "./usePolling";
 
 const DELIVERY = { remote: "blue", local: "gray", "no route": "red" };
@@ -16,28 +17,19 @@ const routeKey = (r) => `${r.to_service_name}\u0000${r.to_broker_instance ?? ""}
 
 export function Transmission() {
   const { data, error, refresh } = usePolling(() => getJson("transmission"), []);
-  const [actionError, setActionError] = useState(null);
-  const [busy, setBusy] = useState(null);
+  const { busy, error: actionError, run } = useAction();
   const [done, setDone] = useState(null);
   const perms = data ? data.permissions : {};
 
-  const retry = async (route) => {
-    setBusy(routeKey(route));
-    setActionError(null);
+  const retry = (route) => run(routeKey(route), async () => {
     setDone(null);
-    try {
-      const result = await postJson("transmission/retry", {
-        to_service_name: route.to_service_name,
-        to_broker_instance: route.to_broker_instance,
-      });
-      setDone(`${result.retried} message(s) to ${route.to_service_name} due now`);
-      await refresh();
-    } catch (err) {
-      setActionError(err);
-    } finally {
-      setBusy(null);
-    }
-  };
+    const result = await postJson("transmission/retry", {
+      to_service_name: route.to_service_name,
+      to_broker_instance: route.to_broker_instance,
+    });
+    setDone(`${result.retried} message(s) to ${route.to_service_name} due now`);
+    await refresh();
+  });
 
   return (
     <Box data-testid="broker-transmission">
