@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from airflow_broker.broker import Broker
 from airflow_broker.errors import BrokerError, InvalidArgument, NotFound, PermissionDenied
-from airflow_broker.ui import access, console, dags
+from airflow_broker.ui import access, console, dags, transmission
 
 DIST = Path(__file__).parent / "www" / "dist"
 BUNDLE = "broker-ui.umd.cjs"
@@ -288,7 +288,7 @@ def get_transmission(
         engine: BrokerDep,
         user: Annotated[BaseUser, Depends(access.requires("GET", access.TRANSMISSION))],
 ) -> dict[str, Any]:
-    return {**console.transmissions(engine), "permissions": access.permissions(user)}
+    return {**transmission.transmissions(engine), "permissions": access.permissions(user)}
 
 
 class RetryBody(BaseModel):
@@ -302,7 +302,7 @@ class RetryBody(BaseModel):
           dependencies=[Depends(access.requires("POST", access.TRANSMISSION)),
                         Depends(action_logging(event="broker_transmission_retry"))])
 def post_transmission_retry(body: RetryBody, engine: BrokerDep) -> dict[str, Any]:
-    retried = console.retry_transmissions(engine, body.to_service_name,
+    retried = transmission.retry_transmissions(engine, body.to_service_name,
                                           body.to_broker_instance)
     return {"to_service_name": body.to_service_name,
             "to_broker_instance": body.to_broker_instance, "retried": retried}

@@ -18,7 +18,7 @@ import pytest
 from airflow_broker import Broker
 from airflow_broker._statements import runner_of
 from airflow_broker.errors import BrokerError
-from airflow_broker.ui import console
+from airflow_broker.ui import console, transmission
 from airflow_broker.worker.transport import Transport
 from tests.support import roles
 from tests.support.privileges import Application, login, snapshot
@@ -249,7 +249,7 @@ def waiting(owned_dsn: str, apps: None) -> None:
 
 
 def routes(broker: Broker) -> dict[str, dict[str, Any]]:
-    return {r["to_service_name"]: r for r in console.transmissions(broker)["routes"]}
+    return {r["to_service_name"]: r for r in transmission.transmissions(broker)["routes"]}
 
 
 def due(dsn: str) -> dict[str, bool]:
@@ -265,9 +265,9 @@ def test_a_login_with_no_permission_sees_no_route_and_retries_nothing(
         owned_dsn: str, waiting: None) -> None:
     with ui_login(owned_dsn) as ui:
         before = snapshot(owned_dsn)
-        assert console.transmissions(ui) == {"routes": [], "truncated": False}
+        assert transmission.transmissions(ui) == {"routes": [], "truncated": False}
         # As for a route where nothing waits.
-        assert console.retry_transmissions(ui, FAR_A, None) == 0
+        assert transmission.retry_transmissions(ui, FAR_A, None) == 0
         assert snapshot(owned_dsn) == before
 
 
@@ -282,7 +282,7 @@ def test_the_read_only_ui_sees_every_route_and_may_retry_none(
         assert not shown[FAR_A]["may_retry"] and not shown[FAR_B]["may_retry"]
         before = snapshot(owned_dsn)
         with pytest.raises(BrokerError) as error:
-            console.retry_transmissions(ui, FAR_A, None)
+            transmission.retry_transmissions(ui, FAR_A, None)
         assert error.value.number == 229
         assert "a_q_i" in str(error.value)
         assert snapshot(owned_dsn) == before
@@ -294,15 +294,15 @@ def test_receive_on_the_senders_queue_retries_its_route_alone(
         shown = routes(ui)
         assert (shown[FAR_A]["may_retry"], shown[FAR_B]["may_retry"]) == (True, False)
         assert due(owned_dsn) == {FAR_A: False, FAR_B: False}
-        assert console.retry_transmissions(ui, FAR_A, None) == 2
+        assert transmission.retry_transmissions(ui, FAR_A, None) == 2
         assert due(owned_dsn) == {FAR_A: True, FAR_B: False}
-        assert refused(lambda: console.retry_transmissions(ui, FAR_B, None)) == 229
+        assert refused(lambda: transmission.retry_transmissions(ui, FAR_B, None)) == 229
         assert due(owned_dsn) == {FAR_A: True, FAR_B: False}
     with ui_login(owned_dsn, *A.sender_grants()) as sender:
         # Without VIEW DEFINITION on the database: A's route only; B's is, to it, a route
         # where nothing waits.
         assert set(routes(sender)) == {FAR_A}
-        assert console.retry_transmissions(sender, FAR_B, None) == 0
+        assert transmission.retry_transmissions(sender, FAR_B, None) == 0
         assert due(owned_dsn)[FAR_B] is False
 
 
