@@ -46,7 +46,7 @@ class NotConfirmed(ValueError):
     """A cleanup without the typed confirmation: the handle itself."""
 
 
-def _iso(value: dt.datetime | None) -> str | None:
+def iso(value: dt.datetime | None) -> str | None:
     # The broker keeps UTC in timestamp without time zone.
     return None if value is None else value.replace(tzinfo=dt.UTC).isoformat()
 
@@ -77,10 +77,10 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
             "schema": schema,
             "enabled": bool(enabled),
             "disabled_reason": None if enabled else reason,
-            "disabled_at": None if enabled else _iso(disabled_at),
+            "disabled_at": None if enabled else iso(disabled_at),
             # The event that disabled it; kept after re-enabling only as history.
             "poison": {
-                "reason": poison_reason, "at": _iso(poison_at),
+                "reason": poison_reason, "at": iso(poison_at),
                 "message_ids": [str(m) for m in poison_messages or ()],
             } if by_poison and poison_reason else None,
             "activation_enabled": bool(activation),
@@ -89,7 +89,7 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
             # Above DEPTH_EXACT_LIMIT, PostgreSQL's statistics: an overview that refreshes
             # every few seconds must not count a backlog of millions each time.
             "depth_is_estimate": bool(estimated),
-            "oldest_message_at": _iso(oldest),
+            "oldest_message_at": iso(oldest),
             "oldest_message_age_seconds": None if oldest is None
             else max(0.0, (now - oldest).total_seconds()),
             "readers_running": int(readers or 0),
@@ -133,7 +133,7 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
             "message_type_name": type_name,
             "status": status,
             "priority": priority,
-            "enqueued_at": _iso(enqueued),
+            "enqueued_at": iso(enqueued),
             "message_id": str(message_id),
             "body": body_text(body) if bodies else None,
             "body_masked": not bodies,
@@ -143,7 +143,7 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
         "name": name,
         "enabled": bool(enabled),
         "disabled_reason": None if enabled else reason,
-        "disabled_at": None if enabled else _iso(disabled_at),
+        "disabled_at": None if enabled else iso(disabled_at),
         "poison_reason": None if enabled else poison_reason,
         "depth": int(ready or 0),
         "truncated": len(rows) > MESSAGE_LIMIT,
@@ -153,7 +153,7 @@ def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str
         "reader_runs": [_reader_run(*run) for run in runs],
         "activations": [{
             "task_id": str(task_id), "procedure": procedure, "execute_as": execute_as,
-            "started_at": _iso(started), "ended_at": _iso(ended), "outcome": outcome,
+            "started_at": iso(started), "ended_at": iso(ended), "outcome": outcome,
             "messages_received": received, "rollbacks": rollbacks, "exception": exception,
         } for (task_id, procedure, execute_as, started, ended, outcome, received, rollbacks,
                exception) in activations],
@@ -166,8 +166,8 @@ def _reader_run(run_id: uuid.UUID, started: dt.datetime, ended: dt.datetime | No
     summary = summary or {}
     return {
         "run_id": str(run_id),
-        "started_at": _iso(started),
-        "ended_at": _iso(ended),
+        "started_at": iso(started),
+        "ended_at": iso(ended),
         # dag_id, run_id, task_id, map_index, try_number of the task that submitted it.
         "task_instance": airflow,
         **{key: summary.get(key) for key in RUN_COUNTS},
@@ -185,7 +185,7 @@ def quarantine(broker: Broker, queue_name: str, *, bodies: bool,
     return [{
         "quarantine_id": quarantine_id,
         "status": status,
-        "quarantined_at": _iso(quarantined_at),
+        "quarantined_at": iso(quarantined_at),
         "attempts": attempts,
         "conversation_handle": str(handle),
         "message_type_name": type_name,
@@ -325,8 +325,8 @@ def _conversation(row: Sequence[Any]) -> dict[str, Any]:
         "far_service": far_service,
         "state": state_code,
         "state_desc": state_desc,
-        "lifetime": _iso(lifetime),
-        "created_at": _iso(created_at),
+        "lifetime": iso(lifetime),
+        "created_at": iso(created_at),
         "is_leaked": bool(leaked),
     }
 
@@ -349,9 +349,9 @@ def task_instance(broker: Broker, consumer: str, handles: Sequence[uuid.UUID], *
             "inbox_id": inbox_id,
             "queue_name": queue_name,
             "state": state,
-            "claimed_at": _iso(claimed_at),
-            "delivered_at": _iso(delivered_at),
-            "consumed_at": _iso(consumed_at),
+            "claimed_at": iso(claimed_at),
+            "delivered_at": iso(delivered_at),
+            "consumed_at": iso(consumed_at),
             "conversation_group_id": str(group),
             "conversation_handle": str(handle),
             "message_sequence_number": sequence,

@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
-from airflow_broker.ui.console import _iso
+from airflow_broker.ui.console import iso
 
 # Routes, not messages: a far broker down for a day is one row, however much waits for it.
 ROUTE_LIMIT = 500
@@ -29,14 +29,14 @@ def transmissions(broker: Broker) -> dict[str, Any]:
             "delivery": delivery,
             "messages": int(messages),
             "conversations": int(conversations),
-            "oldest_enqueue_time": _iso(oldest),
+            "oldest_enqueue_time": iso(oldest),
             "oldest_age_seconds": None if oldest is None
             else max(0.0, (now - oldest).total_seconds()),
             "attempts": int(attempts or 0),
             # Empty: not attempted yet (sys.transmission_queue's convention).
             "transmission_status": status or "",
-            "last_attempt_at": _iso(last_attempt),
-            "next_attempt_at": _iso(next_attempt),
+            "last_attempt_at": iso(last_attempt),
+            "next_attempt_at": iso(next_attempt),
             "may_retry": bool(may_retry),
         } for (service, instance, delivery, messages, conversations, oldest, attempts, status,
                last_attempt, next_attempt, may_retry) in rows[:ROUTE_LIMIT]],
