@@ -8,6 +8,7 @@ audit log. The broker is reached through the Airflow connection ``[broker] ui_co
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from airflow_broker.broker import Broker
 from airflow_broker.errors import BrokerError, InvalidArgument, NotFound, PermissionDenied
-from airflow_broker.ui import access, console, dags, transmission
+from airflow_broker.ui import access, console, dags, quarantine, transmission
 
 DIST = Path(__file__).parent / "www" / "dist"
 BUNDLE = "broker-ui.umd.cjs"
@@ -100,11 +101,6 @@ async def not_confirmed(request: Request, error: console.NotConfirmed) -> JSONRe
     return JSONResponse({"detail": str(error), "error_number": None}, status_code=400)
 
 
-@app.exception_handler(console.NotQuarantined)
-async def not_quarantined(request: Request, error: console.NotQuarantined) -> JSONResponse:
-    return JSONResponse({"detail": str(error), "error_number": None}, status_code=409)
-
-
 # -- the front end ---------------------------------------------------------------------------
 
 @app.get("/static/{name}", include_in_schema=False)
@@ -136,12 +132,20 @@ def get_queue(queue_name: str, user: Reader, engine: BrokerDep) -> dict[str, Any
 @app.get("/api/queues/{queue_name}/quarantine")
 def get_quarantine(queue_name: str, engine: BrokerDep,
                    user: Annotated[BaseUser, Depends(access.requires("GET", access.QUARANTINE))],
-                   error: Annotated[str | None, Query(max_length=200)] = None) -> dict[str, Any]:
+                   error: Annotated[str | None, Query(max_length=200)] = None,
+                   body: Annotated[str | None, Query(max_length=200)] = None,
+                   since: dt.datetime | None = None) -> dict[str, Any]:
+    """The queue's quarantine, filtered by error text, body content (for users who may see
+    bodies) and time, and grouped by error: a group's ids replay or discard the whole group."""
     perms = access.permissions(user)
-    messages = console.quarantine(engine, queue_name, bodies=perms["view_bodies"],
-                                  error_contains=error)
+    try:
+        messages = quarantine.quarantine(engine, queue_name, bodies=perms["view_bodies"],
+                                         error_contains=error, body_contains=body, since=since)
+    except quarantine.BodiesWithheld as refused:
+        raise HTTPException(403, str(refused)) from refused
     rights = console.queue_rights(engine, queue_name)
-    return {"queue_name": queue_name, "permissions": perms, "messages": messages, **rights}
+    return {"queue_name": queue_name, "permissions": perms, "messages": messages,
+            "groups": quarantine.by_error(messages), **rights}
 
 
 # -- writes ----------------------------------------------------------------------------------
@@ -184,7 +188,7 @@ def post_queue_activation(queue_name: str, body: ActivationBody,
                         Depends(action_logging(event="broker_replay_and_enable"))])
 def post_replay_and_enable(queue_name: str, body: ReplayBody,
                            engine: BrokerDep) -> dict[str, Any]:
-    replayed = console.replay_and_enable(engine, queue_name, body.quarantine_ids)
+    replayed = quarantine.replay_and_enable(engine, queue_name, body.quarantine_ids)
     return {"queue_name": queue_name, "replayed": replayed, "enabled": True}
 
 
@@ -194,7 +198,7 @@ def post_replay_and_enable(queue_name: str, body: ReplayBody,
                         Depends(action_logging(event="broker_discard"))])
 def post_discard(queue_name: str, body: ReplayBody, engine: BrokerDep) -> dict[str, Any]:
     return {"queue_name": queue_name,
-            "discarded": console.discard(engine, queue_name, body.quarantine_ids)}
+            "discarded": quarantine.discard(engine, queue_name, body.quarantine_ids)}
 
 
 @app.post("/api/queues/{queue_name}/replay",
@@ -203,7 +207,7 @@ def post_discard(queue_name: str, body: ReplayBody, engine: BrokerDep) -> dict[s
 def post_replay(queue_name: str, body: ReplayBody, engine: BrokerDep) -> dict[str, Any]:
     """Replays without enabling: what a login with RECEIVE and without ALTER on the queue may
     do (the queue's readers take the messages once someone enables it)."""
-    replayed = console.replay(engine, queue_name, body.quarantine_ids, enable=False)
+    replayed = quarantine.replay(engine, queue_name, body.quarantine_ids, enable=False)
     return {"queue_name": queue_name, "replayed": replayed, "enabled": None}
 
 

@@ -34,10 +34,6 @@ STATES = ("SO", "SI", "CO", "DI", "DO", "ER", "CD")
 BODY_PREVIEW = 2000
 
 
-class NotQuarantined(LookupError):
-    """A replay named a message that is not waiting in this queue's quarantine."""
-
-
 class NotLeaked(LookupError):
     """END CONVERSATION WITH CLEANUP was asked of an endpoint that is not a leak."""
 
@@ -104,10 +100,11 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
 def queue_rights(broker: Broker, queue_name: str) -> dict[str, bool]:
     """Whether the login may RECEIVE from and ALTER a queue it may see, as the broker judges
     it: the pages offer no action the broker would refuse."""
-    for queue in overview(broker):
-        if queue_name in (queue["name"], f"{queue['schema']}.{queue['name']}"):
-            return {"may_receive": queue["may_receive"], "may_alter": queue["may_alter"]}
-    return {"may_receive": False, "may_alter": False}
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        rows = runner.run(runner.queries["ui_queue_rights"], [queue_name])
+    may_receive, may_alter = rows[0] if rows else (False, False)
+    return {"may_receive": bool(may_receive), "may_alter": bool(may_alter)}
 
 
 def queue_messages(broker: Broker, queue_name: str, *, bodies: bool) -> dict[str, Any]:
@@ -175,29 +172,6 @@ def _reader_run(run_id: uuid.UUID, started: dt.datetime, ended: dt.datetime | No
     }
 
 
-def quarantine(broker: Broker, queue_name: str, *, bodies: bool,
-               error_contains: str | None = None) -> list[dict[str, Any]]:
-    """The queue's quarantined and parked (``retrying``) messages, oldest first."""
-    needle = (error_contains or "").casefold()
-    with broker.transaction() as tx:
-        runner = runner_of(tx)
-        rows = runner.run(runner.queries["ui_quarantine"], [queue_name])
-    return [{
-        "quarantine_id": quarantine_id,
-        "status": status,
-        "quarantined_at": iso(quarantined_at),
-        "attempts": attempts,
-        "conversation_handle": str(handle),
-        "message_type_name": type_name,
-        "message_sequence_number": sequence,
-        "message_id": str(message_id),
-        "error": error,
-        "body": body_text(body) if bodies else None,
-        "body_masked": not bodies,
-    } for (quarantine_id, status, quarantined_at, attempts, handle, type_name, sequence,
-           message_id, body, error) in rows if needle in error.casefold()]
-
-
 def set_queue_status(broker: Broker, queue_name: str, enabled: bool) -> None:
     """ALTER QUEUE ... WITH STATUS = ON / OFF."""
     with broker.transaction() as tx:
@@ -213,39 +187,6 @@ def set_activation(broker: Broker, queue_name: str, enabled: bool | None,
                        max_queue_readers=max_queue_readers)
 
 
-def replay(broker: Broker, queue_name: str, quarantine_ids: Sequence[int], *,
-           enable: bool) -> int:
-    """Puts the messages back on their conversations, in sequence order (RECEIVE on the
-    queue), and with ``enable`` enables the queue (ALTER on it): all in one transaction, so
-    readers never meet a queue enabled without its replayed messages, nor replayed messages
-    on a queue still disabled, and a refusal of either changes nothing."""
-    with broker.transaction() as tx:
-        runner = runner_of(tx)
-        waiting = {row[0] for row in runner.run(runner.queries["ui_quarantine"], [queue_name])}
-        missing = sorted(set(quarantine_ids) - waiting)
-        if missing:
-            raise NotQuarantined(
-                f"not waiting in the quarantine of queue {queue_name}: "
-                + ", ".join(map(str, missing)))
-        ((replayed,),) = runner.run(runner.queries["ui_replay"],
-                                    [queue_name, sorted(set(quarantine_ids))])
-        if enable:
-            tx.alter_queue(queue_name, status=True)
-    return int(replayed)
-
-
-def discard(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
-    """Discards quarantined messages of the queue (RECEIVE on it): kept as ``discarded``,
-    never delivered; an id not waiting in its quarantine refuses them all."""
-    with broker.transaction() as tx:
-        runner = runner_of(tx)
-        ((discarded,),) = runner.run(runner.queries["ui_discard"],
-                                     [queue_name, sorted(set(quarantine_ids))])
-    return int(discarded)
-
-
-def replay_and_enable(broker: Broker, queue_name: str, quarantine_ids: Sequence[int]) -> int:
-    return replay(broker, queue_name, quarantine_ids, enable=True)
 
 
 def health(broker: Broker) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 from airflow_broker import Broker
 from airflow_broker._statements import runner_of
 from airflow_broker.errors import BrokerError
-from airflow_broker.ui import console, transmission
+from airflow_broker.ui import console, quarantine, transmission
 from airflow_broker.worker.transport import Transport
 from tests.support import roles
 from tests.support.privileges import Application, login, snapshot
@@ -70,9 +70,10 @@ def test_a_login_with_no_permission_sees_no_queue(owned_dsn: str,
                                                   poisoned: PoisonedQueue) -> None:
     with ui_login(owned_dsn) as ui:
         assert console.overview(ui) == []
+        assert console.queue_rights(ui, QUEUE) == {"may_receive": False, "may_alter": False}
         # As for a queue that does not exist.
         assert refused(lambda: console.queue_messages(ui, QUEUE, bodies=True)) == 208
-        assert refused(lambda: console.quarantine(ui, QUEUE, bodies=True)) == 208
+        assert refused(lambda: quarantine.quarantine(ui, QUEUE, bodies=True)) == 208
         assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
 
 
@@ -86,14 +87,15 @@ def test_view_definition_on_one_queue_shows_that_queue_and_nothing_of_its_messag
         assert (queue["depth"], queue["quarantined"]) == (1, 2)
         assert queue["oldest_message_at"] is not None
         assert (queue["may_receive"], queue["may_alter"]) == (False, False)
+        assert console.queue_rights(ui, QUEUE) == {"may_receive": False, "may_alter": False}
         # Which message poisoned the queue is a reader's to know.
         assert queue["poison"]["message_ids"] == []
         assert refused(lambda: console.queue_messages(ui, QUEUE, bodies=True)) == 229
-        assert refused(lambda: console.quarantine(ui, QUEUE, bodies=True)) == 229
-        assert refused(lambda: console.replay(ui, QUEUE, poisoned.quarantine_ids,
+        assert refused(lambda: quarantine.quarantine(ui, QUEUE, bodies=True)) == 229
+        assert refused(lambda: quarantine.replay(ui, QUEUE, poisoned.quarantine_ids,
                                               enable=False)) == 229
         assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
-        assert refused(lambda: console.discard(ui, QUEUE, poisoned.quarantine_ids)) == 229
+        assert refused(lambda: quarantine.discard(ui, QUEUE, poisoned.quarantine_ids)) == 229
         # B's queue, which it may not see, is answered as one that does not exist.
         assert refused(lambda: console.queue_messages(ui, "b_q_t", bodies=True)) == 208
         assert snapshot(owned_dsn) == before
@@ -105,18 +107,19 @@ def test_receive_reads_and_replays_but_does_not_enable(owned_dsn: str,
         assert [q["name"] for q in console.overview(ui)] == [QUEUE]
         queue = row(ui)
         assert (queue["may_receive"], queue["may_alter"]) == (True, False)
+        assert console.queue_rights(ui, QUEUE) == {"may_receive": True, "may_alter": False}
         assert queue["poison"]["message_ids"] == [str(poisoned.poison_message_id)]
         [group] = console.queue_messages(ui, QUEUE, bodies=True)["groups"]
         assert [m["body"] for m in group["messages"]] == ["poison"]
-        quarantined = console.quarantine(ui, QUEUE, bodies=True)
+        quarantined = quarantine.quarantine(ui, QUEUE, bodies=True)
         assert [m["quarantine_id"] for m in quarantined] == poisoned.quarantine_ids
         assert [m["body"] for m in quarantined] == ["first", "second"]
         # Replay and enable is both or neither: without ALTER, neither.
-        assert refused(lambda: console.replay_and_enable(
+        assert refused(lambda: quarantine.replay_and_enable(
             ui, QUEUE, poisoned.quarantine_ids)) == 15151
         assert (row(ui)["quarantined"], row(ui)["depth"]) == (2, 1)
         assert refused(lambda: console.set_queue_status(ui, QUEUE, True)) == 15151
-        assert console.replay(ui, QUEUE, poisoned.quarantine_ids, enable=False) == 2
+        assert quarantine.replay(ui, QUEUE, poisoned.quarantine_ids, enable=False) == 2
         queue = row(ui)
         assert (queue["enabled"], queue["quarantined"], queue["depth"]) == (False, 0, 3)
 
@@ -127,24 +130,20 @@ def test_replay_takes_only_messages_of_the_queues_own_quarantine(
         others = poisoned_queue(admin, "b_I", "b_T", "b_C", "b_Req", "b_q_t",
                                 ["other", "poison"], error="KeyError")
     with ui_login(owned_dsn, roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}")) as ui:
-        with pytest.raises(console.NotQuarantined):
-            console.replay(ui, QUEUE, others.quarantine_ids, enable=False)
-        # The broker's own check, for a caller that skips the console's.
-        with pytest.raises(BrokerError) as error, ui.transaction() as tx:
-            runner_of(tx).run(b"SELECT broker.console_replay(%s, %s::bigint[])",
-                              [QUEUE, others.quarantine_ids])
+        with pytest.raises(BrokerError) as error:
+            quarantine.replay(ui, QUEUE, others.quarantine_ids, enable=False)
         assert error.value.number == 15151
         assert str(others.quarantine_ids[0]) in str(error.value)
         # Nor may it discard them: one id of another queue refuses them all.
         with pytest.raises(BrokerError) as error:
-            console.discard(ui, QUEUE, [*poisoned.quarantine_ids, others.quarantine_ids[0]])
+            quarantine.discard(ui, QUEUE, [*poisoned.quarantine_ids, others.quarantine_ids[0]])
         assert error.value.number == 15151
-        assert len(console.quarantine(ui, QUEUE, bodies=False)) == 2
-        assert console.discard(ui, QUEUE, poisoned.quarantine_ids[:1]) == 1
-        assert [m["quarantine_id"] for m in console.quarantine(ui, QUEUE, bodies=False)] == (
+        assert len(quarantine.quarantine(ui, QUEUE, bodies=False)) == 2
+        assert quarantine.discard(ui, QUEUE, poisoned.quarantine_ids[:1]) == 1
+        assert [m["quarantine_id"] for m in quarantine.quarantine(ui, QUEUE, bodies=False)] == (
             poisoned.quarantine_ids[1:])
     with Broker(owned_dsn) as admin:
-        assert len(console.quarantine(admin, "b_q_t", bodies=False)) == 1
+        assert len(quarantine.quarantine(admin, "b_q_t", bodies=False)) == 1
 
 
 def test_alter_enables_and_disables_but_reads_nothing(owned_dsn: str,
@@ -152,11 +151,13 @@ def test_alter_enables_and_disables_but_reads_nothing(owned_dsn: str,
     with ui_login(owned_dsn, roles.broker_grant("ALTER", f"QUEUE::{QUEUE}")) as ui:
         queue = row(ui)
         assert (queue["may_receive"], queue["may_alter"]) == (False, True)
+        assert console.queue_rights(ui, QUEUE) == {"may_receive": False, "may_alter": True}
+        assert console.queue_rights(ui, "b_q_t") == {"may_receive": False, "may_alter": False}
         console.set_queue_status(ui, QUEUE, True)
         assert row(ui)["enabled"] is True
         console.set_queue_status(ui, QUEUE, False)
         assert (row(ui)["enabled"], row(ui)["disabled_reason"]) == (False, "ADMIN")
-        assert refused(lambda: console.quarantine(ui, QUEUE, bodies=True)) == 229
+        assert refused(lambda: quarantine.quarantine(ui, QUEUE, bodies=True)) == 229
         assert refused(lambda: console.set_queue_status(ui, "b_q_t", True)) == 15151
 
 
@@ -174,7 +175,7 @@ def test_the_documented_operator_ui_replays_and_enables_and_the_queue_drains(
     operator = (*READ_ONLY_UI, roles.broker_grant("RECEIVE", f"QUEUE::{QUEUE}"),
                 roles.broker_grant("ALTER", f"QUEUE::{QUEUE}"))
     with ui_login(owned_dsn, *operator) as ui:
-        assert console.replay_and_enable(ui, QUEUE, poisoned.quarantine_ids) == 2
+        assert quarantine.replay_and_enable(ui, QUEUE, poisoned.quarantine_ids) == 2
         queue = row(ui)
         assert (queue["enabled"], queue["quarantined"], queue["depth"]) == (True, 0, 3)
     with Broker(owned_dsn) as admin, admin.transaction() as tx:

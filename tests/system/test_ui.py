@@ -143,6 +143,12 @@ def test_an_operator_replays_and_enables_in_one_click_and_the_queue_drains(
     dark = open_page(browser, airflow_deployment, "op", "dark")
     expect(queue_row(dark)).to_have_attribute("data-enabled", "false")
     dark.screenshot(path=screenshots / "overview-dark.png", full_page=True)
+    queue_row(dark).get_by_test_id("quarantine-link").click()
+    expect(dark.get_by_test_id("quarantine-group")).to_have_count(1)
+    dark.screenshot(path=screenshots / "quarantine-dark.png", full_page=True)
+    dark.get_by_test_id("to-queue").click()
+    expect(dark.get_by_test_id("message-row")).to_have_count(1)
+    dark.screenshot(path=screenshots / "queue-dark.png", full_page=True)
     dark.context.close()
 
     page = open_page(browser, airflow_deployment, "op", "light")
@@ -157,7 +163,17 @@ def test_an_operator_replays_and_enables_in_one_click_and_the_queue_drains(
     expect(page.get_by_test_id("quarantine-row")).to_have_count(2)
     expect(page.get_by_test_id("quarantine-error").first).to_contain_text(
         "no settlement account")
-    page.get_by_test_id("select-all").check()
+    # One error, one group; the body filter narrows to the trade it names.
+    expect(page.get_by_test_id("quarantine-group")).to_have_count(1)
+    expect(page.get_by_test_id("group-count")).to_have_text("2")
+    page.get_by_test_id("body-filter").fill("id='2'")
+    expect(page.get_by_test_id("quarantine-row")).to_have_count(1)
+    page.get_by_test_id("body-filter").fill("")
+    page.get_by_test_id("since-filter").select_option(label="the last day")
+    expect(page.get_by_test_id("quarantine-row")).to_have_count(2)
+    # The group's button selects all its messages, shown or not.
+    page.get_by_test_id("group-select").click()
+    expect(page.get_by_test_id("quarantine-count")).to_contain_text("2 selected")
     page.screenshot(path=screenshots / "quarantine-light.png", full_page=True)
     page.get_by_test_id("replay-and-enable").click()
     expect(page.get_by_test_id("replay-done")).to_contain_text("2 message(s) replayed")

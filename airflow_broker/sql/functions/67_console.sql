@@ -107,6 +107,20 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
      ORDER BY q.name, q.schema_name
 $$;
 
+-- Whether the login may RECEIVE from and ALTER the named queue, as the broker judges it; no
+-- row for a queue it may not see. A queue page asks on each refresh: one queue, not
+-- console_queues()' depths of them all.
+CREATE OR REPLACE FUNCTION console_queue_rights(p_queue text)
+RETURNS TABLE (may_receive boolean, may_alter boolean)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
+    SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id),
+           has_permission('ALTER', 1::smallint, q.object_id, q.principal_id)
+      FROM visible_queue(p_queue) q;
+END
+$$;
+
 -- The queue a console read or replay names, if the login may RECEIVE from it: 208 for a queue
 -- it may not see (as RECEIVE answers), 229 for one it sees without RECEIVE.
 CREATE OR REPLACE FUNCTION console_readable_queue(p_queue text) RETURNS queues

@@ -38,7 +38,8 @@ BEGIN
                    'airflow_reclaim', 'airflow_redeliver', 'airflow_settle', 'airflow_consume',
                    'airflow_ack', 'queue_of_event',
                    -- The pages in Airflow's UI, as far as the caller may see and act.
-                   'console_queues', 'console_queue_messages', 'console_quarantine',
+                   'console_queues', 'console_queue_rights', 'console_queue_messages',
+                   'console_quarantine',
                    'console_replay', 'console_conversations', 'console_conversation_counts',
                    'console_reader_runs', 'console_activations',
                    'console_transmissions', 'console_retry_transmissions', 'console_inbox',

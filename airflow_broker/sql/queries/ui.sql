@@ -41,6 +41,10 @@ SELECT task_id, procedure, execute_as, started_at, ended_at, outcome, messages_r
        rollbacks, exception
   FROM {schema}.console_activations(%s, %s)
 
+-- ui_queue_rights --
+-- Whether the login may RECEIVE from and ALTER a queue; no row for one it may not see.
+SELECT may_receive, may_alter FROM {schema}.console_queue_rights(%s)
+
 -- ui_quarantine --
 -- One queue's quarantined and parked messages, for a login that may RECEIVE from it.
 SELECT quarantine_id, status, quarantined_at, attempts, conversation_handle,

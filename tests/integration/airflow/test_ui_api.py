@@ -3,6 +3,7 @@ database, with tokens of Airflow's own auth manager (SimpleAuthManager) and its 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import uuid
 from collections.abc import Iterator
@@ -221,6 +222,40 @@ def test_quarantine_filter_by_error_text(ui: Ui, poisoned: PoisonedQueue) -> Non
     assert ui.get(path, "viewer", params={"error": "timeout"}).json()["messages"] == []
 
 
+def test_quarantine_grouped_by_error_and_filtered_by_body_and_time(
+        ui: Ui, poisoned: PoisonedQueue, broker_conn: str) -> None:
+    """Each error is a group with its count, first and last time and ids (what replaying the
+    group takes); the body filter reads whole bodies, the time filter quarantine times."""
+    first, second = poisoned.quarantine_ids
+    with psycopg.connect(broker_conn) as conn:
+        conn.execute("UPDATE broker.quarantine SET error = 'TimeoutError: settlement'"
+                     " WHERE quarantine_id = %s", [second])
+    path = f"/api/queues/{QUEUE}/quarantine"
+    page = ui.get(path, "viewer").json()
+    assert [(g["error"], g["count"], g["quarantine_ids"]) for g in page["groups"]] == [
+        ("ValueError: bad trade", 1, [first]), ("TimeoutError: settlement", 1, [second])]
+    assert all(g["first_quarantined_at"] == g["last_quarantined_at"] for g in page["groups"])
+    by_body = ui.get(path, "viewer", params={"body": "SECOND"}).json()
+    assert [m["quarantine_id"] for m in by_body["messages"]] == [second]
+    assert [g["quarantine_ids"] for g in by_body["groups"]] == [[second]]
+    assert ui.get(path, "viewer", params={"body": "poison"}).json()["messages"] == []
+    quarantined_at = dt.datetime.fromisoformat(page["messages"][1]["quarantined_at"])
+    later = (quarantined_at + dt.timedelta(seconds=1)).isoformat()
+    assert ui.get(path, "viewer", params={"since": later}).json()["messages"] == []
+    since = ui.get(path, "viewer", params={"since": quarantined_at.isoformat()}).json()
+    assert second in [m["quarantine_id"] for m in since["messages"]]
+    assert ui.get(path, "viewer", params={"since": "yesterday"}).status_code == 422
+
+
+def test_a_body_filter_is_refused_to_users_who_may_not_see_bodies(
+        bodies_withheld: None, ui: Ui, poisoned: PoisonedQueue) -> None:
+    # Which messages match a body filter would tell what the masked bodies hold.
+    response = ui.get(f"/api/queues/{QUEUE}/quarantine", "admin", params={"body": "first"})
+    assert response.status_code == 403
+    assert "Broker Message Bodies" in response.json()["detail"]
+    assert len(ui.get(f"/api/queues/{QUEUE}/quarantine", "admin").json()["messages"]) == 2
+
+
 @pytest.mark.parametrize("role", ["viewer", "user"])
 def test_roles_below_op_may_not_write(ui: Ui, poisoned: PoisonedQueue, role: str) -> None:
     for path, body in WRITES:
@@ -289,7 +324,8 @@ def test_replay_of_a_message_not_in_the_queues_quarantine_changes_nothing(
         ui: Ui, poisoned: PoisonedQueue) -> None:
     response = ui.post(f"/api/queues/{QUEUE}/replay-and-enable",
                        {"quarantine_ids": [*poisoned.quarantine_ids, 999_999]}, "op")
-    assert response.status_code == 409
+    assert response.status_code == 404
+    assert response.json()["error_number"] == 15151
     assert "999999" in response.json()["detail"]
     assert queue_row(ui)["enabled"] is False
 

@@ -7,15 +7,28 @@ import { Problem } from "./Problem";
 import { useAction } from "./useAction";
 import { usePolling } from "./usePolling";
 
+// Quarantined within the last ..., as the "since" filter offers it.
+const WINDOWS = [["", "any time"], ["3600", "the last hour"], ["86400", "the last day"],
+                 ["604800", "the last week"]];
+
 export function Quarantine({ name }) {
   const [filter, setFilter] = useState("");
-  const query = filter ? `?error=${encodeURIComponent(filter)}` : "";
+  const [bodyFilter, setBodyFilter] = useState("");
+  const [within, setWithin] = useState("");
+  // The start of the window when it was chosen: a refresh keeps the same messages in view.
+  const [since, setSince] = useState("");
+  const params = new URLSearchParams();
+  if (filter) params.set("error", filter);
+  if (bodyFilter) params.set("body", bodyFilter);
+  if (since) params.set("since", since);
+  const query = params.size ? `?${params}` : "";
   const { data, error, refresh } = usePolling(
     () => getJson(`${queuePath(name)}/quarantine${query}`), [name, query]);
   const [selected, setSelected] = useState(new Set());
   const { busy, error: actionError, run } = useAction();
   const [done, setDone] = useState(null);
   const messages = data ? data.messages : [];
+  const groups = data ? data.groups : [];
   const perms = data ? data.permissions : {};
   // The auth manager's consent and the broker's: the UI's login may lack ALTER on the queue.
   const mayEnable = perms.replay_quarantine && data && data.may_alter;
@@ -28,6 +41,10 @@ export function Quarantine({ name }) {
     setSelected(next);
   };
   const allSelected = messages.length > 0 && messages.every((m) => selected.has(m.quarantine_id));
+  const chooseWindow = (seconds) => {
+    setWithin(seconds);
+    setSince(seconds ? new Date(Date.now() - Number(seconds) * 1000).toISOString() : "");
+  };
 
   // Replay (and enable), or discard: each acts on the selected messages and says what it did.
   const act = (action, said) => run(true, async () => {
@@ -47,8 +64,17 @@ export function Quarantine({ name }) {
       <Problem error={error || actionError} />
       {done && <Text color="fg.success" data-testid="replay-done" mb={2}>{done}</Text>}
       <HStack mb={3}>
-        <Input size="sm" maxW="sm" placeholder="Filter by error text" value={filter}
+        <Input size="sm" maxW="xs" placeholder="Filter by error text" value={filter}
                onChange={(e) => setFilter(e.target.value)} data-testid="error-filter" />
+        {perms.view_bodies && (
+          <Input size="sm" maxW="xs" placeholder="Filter by body content" value={bodyFilter}
+                 onChange={(e) => setBodyFilter(e.target.value)} data-testid="body-filter" />
+        )}
+        <select value={within} onChange={(e) => chooseWindow(e.target.value)}
+                aria-label="quarantined within" data-testid="since-filter">
+          {WINDOWS.map(([seconds, label]) => (
+            <option key={seconds} value={seconds}>{label}</option>))}
+        </select>
         {mayEnable && (
           <Button size="sm" colorPalette="blue" disabled={selected.size === 0 || busy}
                   loading={busy} onClick={() => replay(true)} data-testid="replay-and-enable">
@@ -69,6 +95,45 @@ export function Quarantine({ name }) {
           </Button>
         )}
       </HStack>
+      {groups.length > 0 && (
+        <Table.Root size="sm" variant="outline" mb={4} data-testid="quarantine-groups">
+          <Table.Header>
+            <Table.Row>
+              <Table.ColumnHeader>Error</Table.ColumnHeader>
+              <Table.ColumnHeader>Messages</Table.ColumnHeader>
+              <Table.ColumnHeader>First</Table.ColumnHeader>
+              <Table.ColumnHeader>Last</Table.ColumnHeader>
+              <Table.ColumnHeader />
+            </Table.Row>
+          </Table.Header>
+          <Table.Body>
+            {groups.map((g) => (
+              <Table.Row key={g.error} data-testid="quarantine-group">
+                <Table.Cell>{g.error}</Table.Cell>
+                <Table.Cell data-testid="group-count">{g.count}</Table.Cell>
+                <Table.Cell>{when(g.first_quarantined_at)}</Table.Cell>
+                <Table.Cell>{when(g.last_quarantined_at)}</Table.Cell>
+                <Table.Cell>
+                  <HStack>
+                    <Button size="xs" variant="ghost" onClick={() => setFilter(g.error)}
+                            data-testid="group-show">Only these</Button>
+                    {selecting && (
+                      <Button size="xs" variant="outline"
+                              onClick={() => setSelected(new Set(g.quarantine_ids))}
+                              data-testid="group-select">Select all {g.count}</Button>
+                    )}
+                  </HStack>
+                </Table.Cell>
+              </Table.Row>
+            ))}
+          </Table.Body>
+        </Table.Root>
+      )}
+      {messages.length > 0 && (
+        <Text mb={2} data-testid="quarantine-count">
+          {messages.length} message(s) match{selected.size ? `; ${selected.size} selected` : ""}
+        </Text>
+      )}
       {data && messages.length === 0 && (
         <Text data-testid="quarantine-empty">No quarantined messages.</Text>
       )}
