@@ -66,7 +66,8 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
     queues = []
     for (name, schema, enabled, reason, disabled_at, activation, max_readers, ready, oldest,
          readers, poison_reason, poison_at, poison_messages, quarantined, may_receive,
-         may_alter, estimated) in rows:
+         may_alter, estimated, monitor_state, monitor_since, monitor_stuck, last_activated,
+         receives) in rows:
         by_poison = not enabled and reason == "POISON"
         queues.append({
             "name": name,
@@ -89,6 +90,13 @@ def overview(broker: Broker) -> list[dict[str, Any]]:
             "oldest_message_age_seconds": None if oldest is None
             else max(0.0, (now - oldest).total_seconds()),
             "readers_running": int(readers or 0),
+            # sys.dm_broker_queue_monitors' state; None for a queue no monitor watches.
+            "monitor": None if monitor_state is None else {
+                "state": monitor_state, "since": iso(monitor_since),
+                "stuck": bool(monitor_stuck), "last_activated_at": iso(last_activated)},
+            # RECEIVEs that took messages, ever: the page's rate is its change between
+            # refreshes.
+            "receives": int(receives),
             "quarantined": int(quarantined or 0),
             # What the login may do here, as the broker will judge it.
             "may_receive": bool(may_receive),

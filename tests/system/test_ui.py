@@ -202,6 +202,15 @@ def test_an_operator_replays_and_enables_in_one_click_and_the_queue_drains(
     # The overview refreshes itself: the drained queue shows without a reload.
     expect(row.get_by_test_id("queue-depth")).to_have_text("0")
     expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"))
+    # A RECEIVE while the overview is open shows as a receive rate above zero.
+    expect(row.get_by_test_id("receive-rate")).to_have_text("0.00")
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            tx.send(tx.begin_dialog("//UI/Desk", "//UI/Settlement", "//UI/TradeContract"),
+                    TRADE, "<trade id='4'/>")
+        with broker.transaction() as tx:
+            assert len(tx.receive(QUEUE, 10)) == 1
+    expect(row.get_by_test_id("receive-rate")).to_have_text(re.compile(r"^(0\.0[1-9]|0\.[1-9]|[1-9])"))
     page.context.close()
 
 

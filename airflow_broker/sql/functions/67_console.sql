@@ -73,18 +73,25 @@ $$;
 
 -- Every queue the login may see: its state, depth (exact up to p_exact_limit ready messages,
 -- estimated above) and oldest ready message, its activated readers, its latest disable event
--- and the size of its quarantine; and whether the login may RECEIVE from it and ALTER it, so
--- the pages offer only what the broker would allow. The ids of the messages that made poison
--- detection disable the queue are a reader's to know.
--- (Dropped first: its depth_is_estimate and p_exact_limit are new.)
+-- and the size of its quarantine; its queue monitor (sys.dm_broker_queue_monitors' state,
+-- stuck when NOTIFIED for a minute while messages wait, as stuck_queue_monitors says) and how
+-- many RECEIVEs have taken messages from it (the monitor's two counters, all RECEIVEs less
+-- the empty ones, which the pages turn into a rate);
+-- and whether the login may RECEIVE from it and ALTER it, so the pages offer only what the
+-- broker would allow. The ids of the messages that made poison detection disable the queue
+-- are a reader's to know.
+-- (Dropped first: the monitor's columns and the counter are new, as were depth_is_estimate
+-- and p_exact_limit before.)
 DROP FUNCTION IF EXISTS console_queues();
-CREATE OR REPLACE FUNCTION console_queues(p_exact_limit integer)
+DROP FUNCTION IF EXISTS console_queues(integer);
+CREATE FUNCTION console_queues(p_exact_limit integer)
 RETURNS TABLE (name text, schema_name text, is_receive_enabled boolean, disabled_reason text,
                disabled_at timestamp, is_activation_enabled boolean, max_readers integer,
                ready_messages bigint, oldest_ready_at timestamp, readers_running bigint,
                poison_reason text, poison_at timestamp, poison_message_ids uuid[],
                quarantined bigint, may_receive boolean, may_alter boolean,
-               depth_is_estimate boolean)
+               depth_is_estimate boolean, monitor_state text, monitor_state_since timestamp,
+               monitor_stuck boolean, last_activated_time timestamp, receives bigint)
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT q.name, q.schema_name, q.is_receive_enabled, q.disabled_reason, q.disabled_at,
            q.is_activation_enabled, q.max_readers, depth.ready_messages, depth.oldest_ready_at,
@@ -92,7 +99,14 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
            e.reason, e.disabled_at, CASE WHEN r.may_receive THEN e.message_ids END,
            (SELECT count(*) FROM quarantine x
              WHERE x.queue_id = q.object_id AND x.status IN ('quarantined', 'retrying')),
-           r.may_receive, r.may_alter, depth.is_estimate
+           r.may_receive, r.may_alter, depth.is_estimate,
+           CASE WHEN mq.queue_id IS NOT NULL THEN coalesce(m.state, 'INACTIVE') END,
+           m.state_since,
+           coalesce(m.state = 'NOTIFIED' AND m.state_since < utc_now() - interval '60 seconds'
+                    AND depth.ready_messages > 0, false),
+           m.last_activated_time,
+           coalesce(pg_sequence_last_value(q.receive_counter::regclass), 0)
+               - coalesce(pg_sequence_last_value(q.empty_receive_counter::regclass), 0)
       FROM queues q
       CROSS JOIN LATERAL (
           SELECT has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id)
@@ -102,6 +116,8 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
       LEFT JOIN LATERAL (
           SELECT d.reason, d.disabled_at, d.message_ids FROM queue_disable_events d
            WHERE d.queue_id = q.object_id ORDER BY d.event_id DESC LIMIT 1) e ON true
+      LEFT JOIN monitored_queues mq ON mq.queue_id = q.object_id
+      LEFT JOIN queue_monitor_state m ON m.queue_id = q.object_id
       CROSS JOIN LATERAL console_queue_depth(q.object_id, p_exact_limit) depth
      WHERE (SELECT is_broker_owner()) OR may_see(1::smallint, q.object_id, q.principal_id)
      ORDER BY q.name, q.schema_name

@@ -4,12 +4,14 @@
 
 -- ui_queues --
 -- Every queue the login may see: state, depth, oldest ready message, activated readers, the
--- latest disable event, quarantine size, and whether the login may RECEIVE and ALTER; depths
--- above %s ready messages are estimates.
+-- latest disable event, quarantine size, whether the login may RECEIVE and ALTER, its queue
+-- monitor and its count of RECEIVEs that took messages; depths above %s ready messages are
+-- estimates.
 SELECT name, schema_name, is_receive_enabled, disabled_reason, disabled_at,
        is_activation_enabled, max_readers, ready_messages, oldest_ready_at, readers_running,
        poison_reason, poison_at, poison_message_ids, quarantined, may_receive, may_alter,
-       depth_is_estimate
+       depth_is_estimate, monitor_state, monitor_state_since, monitor_stuck,
+       last_activated_time, receives
   FROM {schema}.console_queues(%s)
 
 -- ui_queue_state --

@@ -862,3 +862,39 @@ def test_an_operator_discards_quarantined_messages(ui: Ui, poisoned: PoisonedQue
     assert [m["quarantine_id"] for m in left] == [second]
     assert queue_row(ui)["depth"] == 1  # nothing went back on the queue
     assert audit_events("broker_discard")[-1] == ("ui_op", "broker_discard")
+
+
+def test_the_overview_counts_receives_and_shows_a_stuck_queue_monitor(
+        ui: Ui, app: App, broker_conn: str) -> None:
+    """The overview's receive counter (the page's rate) counts RECEIVEs that took messages;
+    a queue with activation shows its monitor, stuck once NOTIFIED for a minute while
+    messages wait, as stuck_queue_monitors says."""
+    before = queue_row(ui)
+    assert before["monitor"] is None  # no activation, no monitor
+    for body in ("a", "b"):
+        with app.broker.transaction() as tx:
+            tx.send(app.dialog(), "Req", body)
+    with app.broker.transaction() as tx:
+        assert len(tx.receive(QUEUE, 1)) == 1
+    with app.broker.transaction() as tx:
+        assert len(tx.receive(QUEUE, 5)) == 1
+    with app.broker.transaction() as tx:
+        assert tx.receive(QUEUE, 5) == []  # an empty RECEIVE is not counted
+    assert queue_row(ui)["receives"] == before["receives"] + 2
+
+    with app.broker.transaction() as tx:
+        tx.alter_queue(QUEUE, activation_status=True, max_queue_readers=1,
+                       activation_procedure="public.usp_drain")
+        tx.send(app.dialog(), "Req", "waits")
+    assert queue_row(ui)["monitor"] == {"state": "INACTIVE", "since": None, "stuck": False,
+                                        "last_activated_at": None}
+    # As the monitor leaves a queue whose reader never received: NOTIFIED two minutes ago.
+    with psycopg.connect(broker_conn) as conn:
+        conn.execute("INSERT INTO broker.queue_monitor_state (queue_id, state, state_since,"
+                     " last_activated_time) SELECT object_id, 'NOTIFIED',"
+                     " broker.utc_now() - interval '2 minutes',"
+                     " broker.utc_now() - interval '2 minutes'"
+                     " FROM broker.queues WHERE name = %s", [QUEUE])
+    monitor = queue_row(ui)["monitor"]
+    assert (monitor["state"], monitor["stuck"]) == ("NOTIFIED", True)
+    assert None not in (monitor["since"], monitor["last_activated_at"])
