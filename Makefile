@@ -12,6 +12,12 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 demo: $(STAMP)
 	$(BIN)/airflow-broker demo
 
+# The tiers below the system tier run on this many pytest-xdist workers, a test module at a
+# time, each worker with an embedded PostgreSQL of its own (or its own templates on the server
+# AIRFLOW_BROKER_TEST_DSN names); the system tier then runs alone, since its deployment's
+# processes and Spark cluster take the machine.
+TEST_WORKERS ?= 2
+
 # The UI's browser tests drive the system's Chromium (Playwright's own browser download is not
 # used): installed here when missing where apt-get can (as root); elsewhere they fail saying so.
 CHROMIUM := /usr/bin/chromium
@@ -22,7 +28,8 @@ test: $(STAMP)
 		>/dev/null; } || echo "no $(CHROMIUM): the UI's browser tests will fail (apt-get install chromium)"
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not system"
+	$(BIN)/pytest -m system
 
 # The other end of every range: the lowest versions pyproject.toml declares (uv's lowest-direct
 # resolution: Airflow 3.3.0, the Spark provider 5.6.0 and PySpark 3.5, psycopg 3.2, ...) in a
@@ -39,8 +46,8 @@ test-lowest: $(STAMP)
 		-e '.[$(EXTRAS)]'
 	$(LOWEST)/bin/python -c 'import airflow, pyspark, psycopg; print("lowest versions: Airflow",\
 		airflow.__version__, "PySpark", pyspark.__version__, "psycopg", psycopg.__version__)'
-	$(LOWEST)/bin/pytest -m "not system and not slow" tests/integration tests/least_privilege \
-		--ignore=tests/integration/test_bench_smoke.py
+	$(LOWEST)/bin/pytest -n $(TEST_WORKERS) --dist loadfile -m "not system and not slow" \
+		tests/integration tests/least_privilege --ignore=tests/integration/test_bench_smoke.py
 	$(LOWEST)/bin/pytest -m slow tests/integration/test_spark_reader.py \
 		tests/integration/airflow/test_spark_operator.py
 

@@ -13,9 +13,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from airflow_broker.migrations import install
-from tests.fixtures.postgres import fresh_database
+from tests.fixtures.postgres import fresh_database, per_worker
 
-TEMPLATE = "airflow_broker_owned_template"
+TEMPLATE = per_worker("airflow_broker_owned_template")
 
 
 @pytest.fixture(scope="session")
