@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import pyspark
 
 PYSPARK_HOME = Path(pyspark.__file__ or "pyspark").resolve().parent
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+SERVICE_PORT = re.compile(r"Successfully started service '(\w+)' on port (\d+)")
 
 
 def free_port() -> int:
@@ -78,8 +80,11 @@ class SparkCluster:
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         (self.work / "conf").mkdir(exist_ok=True)
         venv.create(self.work / "bare-python", with_pip=False)
-        self._launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                     "--port", str(self.port), "--webui-port", str(self.ui_port))
+        deadline = time.monotonic() + timeout
+        master = self._launch("master", "org.apache.spark.deploy.master.Master",
+                              "--host", "127.0.0.1", "--port", str(self.port),
+                              "--webui-port", str(self.ui_port))
+        self._bound_ports(master, deadline)
         for n in range(self.workers):
             work_dir = self.work / f"worker-{n}"
             work_dir.mkdir()
@@ -87,7 +92,6 @@ class SparkCluster:
                          "--host", "127.0.0.1", "--cores", str(self.cores),
                          "--memory", self.memory, "--webui-port", str(free_port()),
                          "--work-dir", str(work_dir), self.master_url)
-        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for process in self.processes:
                 if process.poll() is not None:
@@ -99,6 +103,22 @@ class SparkCluster:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"the Spark cluster did not start:\n{self.log_tails()}")
+
+    def _bound_ports(self, master: subprocess.Popen[bytes], deadline: float) -> None:
+        """The ports the master bound, from its log. A port chosen free can be taken before
+        the master binds it (another cluster, or any client's ephemeral port, on a busy
+        machine); Spark then binds the next one, and says so."""
+        log = self.work / "logs" / "master.log"
+        while time.monotonic() < deadline:
+            if master.poll() is not None:
+                raise RuntimeError(f"the Spark master exited:\n{self.log_tails()}")
+            bound = dict(SERVICE_PORT.findall(log.read_text(errors="replace")))
+            if "sparkMaster" in bound and "MasterUI" in bound:
+                self.port, self.ui_port = int(bound["sparkMaster"]), int(bound["MasterUI"])
+                self.master_url = f"spark://127.0.0.1:{self.port}"
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the Spark master did not start:\n{self.log_tails()}")
 
     def state(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/",
