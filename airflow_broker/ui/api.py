@@ -261,6 +261,15 @@ class CleanupBody(BaseModel):
     confirm: str | None = Field(default=None, max_length=100)
 
 
+@app.get("/api/conversations/{handle}")
+def get_conversation(handle: uuid.UUID, engine: BrokerDep,
+                     user: Annotated[BaseUser, Depends(access.requires(
+                         "GET", access.CONVERSATIONS))]) -> dict[str, Any]:
+    perms = access.permissions(user)
+    return {**console.conversation(engine, handle, bodies=perms["view_bodies"]),
+            "permissions": perms}
+
+
 @app.post("/api/conversations/{handle}/cleanup",
           dependencies=[Depends(access.requires("POST", access.CONVERSATIONS)),
                         Depends(action_logging(event="broker_conversation_cleanup"))])

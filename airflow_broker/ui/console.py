@@ -235,6 +235,42 @@ def conversations(broker: Broker, *, state: str | None = None,
     }
 
 
+STATE_DESC = {"SO": "STARTED_OUTBOUND", "SI": "STARTED_INBOUND", "CO": "CONVERSING",
+              "DI": "DISCONNECTED_INBOUND", "DO": "DISCONNECTED_OUTBOUND", "ER": "ERROR",
+              "CD": "CLOSED"}
+
+
+def conversation(broker: Broker, handle: uuid.UUID, *, bodies: bool) -> dict[str, Any]:
+    """One conversation end to end, as far as the login may see it (RECEIVE on each
+    endpoint's queue; 8426 for a handle it may not see): its endpoints in this broker, the
+    messages waiting in their queues and those waiting in the transmission queue to be sent,
+    each with its transmission status."""
+    with broker.transaction() as tx:
+        runner = runner_of(tx)
+        endpoints = runner.run(runner.queries["ui_conversation_endpoints"], [handle])
+        messages = runner.run(runner.queries["ui_conversation_messages"],
+                              [handle, MESSAGE_LIMIT])
+    return {
+        "endpoints": [{
+            "conversation_handle": str(h), "conversation_id": str(cid),
+            "is_initiator": bool(initiator), "service_name": service, "queue_name": queue,
+            "far_service": far_service, "far_broker_instance": far_instance,
+            "state": state, "state_desc": STATE_DESC.get(state, state),
+            "lifetime": iso(lifetime), "security_timestamp": iso(security),
+            "send_sequence": int(sent), "receive_sequence": int(received),
+            "created_at": iso(created), "transmission_status": status or None,
+        } for (h, cid, initiator, service, queue, far_service, far_instance, state, lifetime,
+               security, sent, received, created, status) in endpoints],
+        "messages": [{
+            "conversation_handle": str(h), "place": place, "message_sequence_number": seq,
+            "message_type_name": type_name, "status": status, "at": iso(at),
+            "transmission_status": transmission or None, "message_id": str(message_id),
+            "body": body_text(body) if bodies else None, "body_masked": not bodies,
+        } for (h, place, seq, type_name, status, at, transmission, message_id, body)
+            in messages],
+    }
+
+
 def cleanup_leak(broker: Broker, handle: uuid.UUID, confirm: str | None) -> None:
     """END CONVERSATION WITH CLEANUP of one leaked endpoint, once the user typed its handle:
     the peer is never told, so it is for leaks alone. The broker allows it to the schema's

@@ -359,3 +359,26 @@ def test_a_task_instances_inbox_shows_what_the_login_may_receive(
     with Broker(owned_dsn) as admin:
         assert [m["queue_name"] for m in console.task_instance(
             admin, CONSUMER, [], bodies=False)["inbox"]] == ["a_q_t", "b_q_t"]
+
+
+def test_one_conversation_shows_the_endpoints_whose_queue_the_login_may_receive_from(
+        owned_dsn: str, apps: None) -> None:
+    """The end-to-end view is conversation_endpoints' visibility: a reader of the target's
+    queue sees the target's endpoint and its messages, not the initiator's endpoint, whose
+    handle is to it one that does not exist (8426); a login without RECEIVE sees neither."""
+    with Broker(owned_dsn) as admin, admin.transaction() as tx:
+        initiator = tx.begin_dialog("a_I", "a_T", "a_C")
+        tx.send(initiator, "a_Req", "hello")
+    with ui_login(owned_dsn, *A.reader_grants()) as ui:
+        assert refused(lambda: console.conversation(ui, initiator, bodies=True)) == 8426
+        [listed] = console.conversations(ui)["conversations"]
+        page = console.conversation(ui, uuid.UUID(listed["conversation_handle"]), bodies=True)
+        assert [(e["service_name"], e["is_initiator"]) for e in page["endpoints"]] == [
+            ("a_T", False)]
+        assert [(m["place"], m["body"]) for m in page["messages"]] == [("queue", "hello")]
+    with ui_login(owned_dsn, *A.sender_grants()) as ui:
+        page = console.conversation(ui, initiator, bodies=True)
+        assert [e["service_name"] for e in page["endpoints"]] == ["a_I"]
+        assert page["messages"] == []  # they wait in the target's queue
+    with ui_login(owned_dsn, *READ_ONLY_UI) as ui:
+        assert refused(lambda: console.conversation(ui, initiator, bodies=True)) == 8426

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.fixtures.system import ROLE_USERS, USERNAME, SystemDatabases
 from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
+from tests.support.helpers import target_handle
 from tests.support.quarantine import PoisonedQueue, poisoned_queue
 
 try:
@@ -277,6 +279,34 @@ def test_health_and_conversations_as_the_least_privileged_login(
         assert error.is_error
         assert (error.error().code, error.error().description) == (
             50002, "audit stopped by an operator")
+
+    # One conversation end to end: the audit's endpoint (the login may RECEIVE from its queue,
+    # not from the desk's) and the trade waiting on it, light and dark.
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            waiting = tx.begin_dialog("//UI/Desk", "//UI/Audit", "//UI/TradeContract")
+            tx.send(waiting, TRADE, "<trade id='6'/>")
+        audit = str(target_handle(broker, waiting))
+    dark = open_page(browser, airflow_deployment, "op", "dark",
+                     "plugin/broker?page=conversations")
+    for shown, scheme in ((page, "light"), (dark, "dark")):
+        shown.get_by_test_id("conversation-row").filter(has_text=audit).get_by_test_id(
+            "conversation-link").click()
+        detail = shown.get_by_test_id("conversation-detail")
+        expect(detail.get_by_test_id("conversation-endpoint")).to_have_count(1)
+        expect(detail.get_by_test_id("conversation-endpoint")).to_contain_text("//UI/Audit")
+        expect(detail.get_by_test_id("conversation-message")).to_have_count(1)
+        expect(detail.get_by_test_id("conversation-message")).to_contain_text("<trade id='6'/>")
+        shown.screenshot(path=screenshots / f"conversation-{scheme}.png", full_page=True)
+    dark.context.close()
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            [trade] = tx.receive("ui_leak_q", 1, conversation_handle=uuid.UUID(audit))
+            tx.end_conversation(trade.conversation_handle)
+        with broker.transaction() as tx:
+            [ended] = tx.receive("ui_desk_q", 1, conversation_handle=waiting)
+            assert ended.is_end_dialog
+            tx.end_conversation(waiting)
     page.context.close()
 
 

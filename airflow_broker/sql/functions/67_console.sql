@@ -482,3 +482,84 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
      ORDER BY i.inbox_id
      LIMIT p_limit
 $$;
+
+-- One conversation end to end, as far as the login may see it: the endpoint p_handle names and
+-- its peer when the peer lives in this broker (the same conversation_id), each only with
+-- RECEIVE on the queue of its own service, as conversation_endpoints shows them; 8426 when
+-- the named endpoint is not one the login may see, as GET_TRANSMISSION_STATUS answers. A peer
+-- in another broker is named by its service and broker instance: its endpoint is that
+-- broker's to show.
+CREATE OR REPLACE FUNCTION console_conversation_endpoints(p_handle uuid)
+RETURNS TABLE (conversation_handle uuid, conversation_id uuid, is_initiator boolean,
+               service_name text, queue_name text, far_service text,
+               far_broker_instance text, state text, lifetime timestamp,
+               security_timestamp timestamp, send_sequence bigint, receive_sequence bigint,
+               created_at timestamp, transmission_status text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    SELECT e.conversation_id INTO v_id
+      FROM endpoints e
+      JOIN service_defs s USING (service_id)
+      JOIN queues q ON q.object_id = s.service_queue_id
+     WHERE e.conversation_handle = p_handle AND NOT e.is_system
+       AND (is_broker_owner()
+            OR has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id));
+    IF v_id IS NULL THEN
+        PERFORM raise_error(8426, coalesce(p_handle::text, 'NULL'));
+    END IF;
+    RETURN QUERY
+    SELECT e.conversation_handle, e.conversation_id, e.is_initiator, s.name, q.name,
+           e.far_service, e.far_broker_instance, e.state::text, e.lifetime,
+           e.security_timestamp, e.send_sequence, e.receive_sequence, e.created_at,
+           coalesce((SELECT t.transmission_status FROM transmissions t
+                      WHERE t.conversation_handle = e.conversation_handle
+                        AND t.transmission_status <> ''
+                      ORDER BY t.message_sequence_number LIMIT 1), e.transmission_status)
+      FROM endpoints e
+      JOIN service_defs s USING (service_id)
+      JOIN queues q ON q.object_id = s.service_queue_id
+     WHERE e.conversation_id = v_id AND NOT e.is_system
+       AND (is_broker_owner()
+            OR has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id))
+     ORDER BY e.is_initiator DESC;
+END
+$$;
+
+-- The messages of that conversation this broker holds, for each endpoint the login may see:
+-- those waiting in the endpoint's queue (ready, or held back until an earlier one arrives) and
+-- those waiting in the transmission queue to be sent from it, with their transmission status;
+-- at most p_limit of each, in sequence order.
+CREATE OR REPLACE FUNCTION console_conversation_messages(p_handle uuid, p_limit integer)
+RETURNS TABLE (conversation_handle uuid, place text, message_sequence_number bigint,
+               message_type_name text, status text, at timestamp, transmission_status text,
+               message_id uuid, message_body bytea)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
+    WITH seen AS (
+        SELECT x.conversation_handle, x.conversation_group_id
+          FROM console_conversation_endpoints(p_handle) c
+          JOIN endpoints x ON x.conversation_handle = c.conversation_handle)
+    (SELECT m.conversation_handle, 'queue'::text, m.message_sequence_number, t.name,
+            CASE m.status WHEN 1 THEN 'ready' ELSE 'held back' END, m.enqueued_at,
+            NULL::text, m.message_id, m.message_body
+       FROM seen
+       JOIN queue_messages m ON m.conversation_group_id = seen.conversation_group_id
+                            AND m.conversation_handle = seen.conversation_handle
+       JOIN message_types t ON t.message_type_id = m.message_type_id
+      WHERE m.status IN (1, 2)
+      ORDER BY m.conversation_handle, m.message_sequence_number
+      LIMIT p_limit)
+    UNION ALL
+    (SELECT r.conversation_handle, 'transmission'::text, r.message_sequence_number, t.name,
+            'waiting to be sent', r.enqueue_time, r.transmission_status, r.message_id,
+            r.message_body
+       FROM seen
+       JOIN transmissions r ON r.conversation_handle = seen.conversation_handle
+       JOIN message_types t ON t.message_type_id = r.message_type_id
+      ORDER BY r.conversation_handle, r.message_sequence_number
+      LIMIT p_limit);
+END
+$$;

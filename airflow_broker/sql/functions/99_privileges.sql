@@ -43,7 +43,8 @@ BEGIN
                    'console_replay', 'console_conversations', 'console_conversation_counts',
                    'console_reader_runs', 'console_activations',
                    'console_transmissions', 'console_retry_transmissions', 'console_inbox',
-                   'console_discard',
+                   'console_discard', 'console_conversation_endpoints',
+                   'console_conversation_messages',
                    -- DDL and permissions, which check CREATE, ALTER and CONTROL.
                    'create_queue', 'alter_queue', 'tune_queue', 'drop_queue', 'create_service',
                    'alter_service', 'drop_service', 'create_contract', 'drop_contract',

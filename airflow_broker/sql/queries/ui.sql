@@ -103,3 +103,17 @@ SELECT inbox_id, queue_name, state, claimed_at, delivered_at, consumed_at,
        conversation_group_id, conversation_handle, message_sequence_number, service_name,
        service_contract_name, message_type_name, message_id, message_body
   FROM {schema}.console_inbox(%s, %s)
+
+-- ui_conversation_endpoints --
+-- One conversation's endpoints in this broker that the login may see (8426 for a handle it
+-- may not see).
+SELECT conversation_handle, conversation_id, is_initiator, service_name, queue_name,
+       far_service, far_broker_instance, state, lifetime, security_timestamp, send_sequence,
+       receive_sequence, created_at, transmission_status
+  FROM {schema}.console_conversation_endpoints(%s)
+
+-- ui_conversation_messages --
+-- That conversation's messages in its queues and in the transmission queue, at most %s of each.
+SELECT conversation_handle, place, message_sequence_number, message_type_name, status, at,
+       transmission_status, message_id, message_body
+  FROM {schema}.console_conversation_messages(%s, %s)

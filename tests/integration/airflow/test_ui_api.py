@@ -898,3 +898,52 @@ def test_the_overview_counts_receives_and_shows_a_stuck_queue_monitor(
     monitor = queue_row(ui)["monitor"]
     assert (monitor["state"], monitor["stuck"]) == ("NOTIFIED", True)
     assert None not in (monitor["since"], monitor["last_activated_at"])
+
+
+def test_one_conversation_end_to_end_its_two_endpoints_and_the_messages_waiting(
+        ui: Ui, app: App) -> None:
+    """Both endpoints of a conversation inside one broker, from either handle, with the
+    messages waiting in the target's queue; a handle the login cannot see is 404 with 8426."""
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(handle, "Req", "one")
+        tx.send(handle, "Req", "two")
+    path = f"/api/conversations/{handle}"
+    assert ui.get(path).status_code == 401
+    page = ui.get(path, "viewer").json()
+    initiator, target = page["endpoints"]
+    assert (initiator["conversation_handle"], initiator["is_initiator"],
+            initiator["service_name"], initiator["queue_name"], initiator["far_service"]) == (
+        str(handle), True, "I", "q_i", "T")
+    assert (target["is_initiator"], target["service_name"], target["queue_name"],
+            target["far_service"]) == (False, "T", "q_t", "I")
+    assert initiator["conversation_id"] == target["conversation_id"]
+    assert (initiator["send_sequence"], target["receive_sequence"]) == (2, 0)
+    assert [(m["conversation_handle"], m["place"], m["message_sequence_number"],
+             m["message_type_name"], m["status"], m["body"]) for m in page["messages"]] == [
+        (target["conversation_handle"], "queue", 0, "Req", "ready", "one"),
+        (target["conversation_handle"], "queue", 1, "Req", "ready", "two")]
+    from_target = ui.get(f"/api/conversations/{target['conversation_handle']}", "viewer").json()
+    assert from_target["endpoints"] == page["endpoints"]
+    response = ui.get(f"/api/conversations/{uuid.uuid4()}", "viewer")
+    assert response.status_code == 404
+    assert response.json()["error_number"] == 8426
+
+
+def test_a_conversation_to_a_far_broker_shows_what_waits_to_be_sent_and_why(
+        ui: Ui, waiting: None) -> None:
+    listed = ui.get("/api/conversations", "viewer").json()["conversations"]
+    [handle] = [c["conversation_handle"] for c in listed if c["far_service"] == FAR]
+    page = ui.get(f"/api/conversations/{handle}", "viewer").json()
+    [initiator] = page["endpoints"]  # the target is the far broker's
+    assert (initiator["far_service"], initiator["send_sequence"]) == (FAR, 2)
+    assert initiator["transmission_status"].startswith(
+        "The target service broker is unreachable")
+    assert [(m["place"], m["message_sequence_number"], m["status"], m["body"])
+            for m in page["messages"]] == [
+        ("transmission", 0, "waiting to be sent", "first"),
+        ("transmission", 1, "waiting to be sent", "second")]
+    assert all(m["transmission_status"].startswith("The target service broker is unreachable")
+               for m in page["messages"])
+    # The route's address carries a password: the page never shows it.
+    assert "s3cret-pass" not in str(page)

@@ -1,10 +1,11 @@
 // The conversations the UI's login may see, by state, leaks flagged. END CONVERSATION WITH
 // CLEANUP never tells the peer, so it is offered for a leak alone, and only after the user
 // types the conversation's handle; WITH ERROR for an open conversation.
-import { Badge, Box, Button, Heading, HStack, Input, Table, Text } from "@chakra-ui/react";
+import { Badge, Box, Button, Heading, HStack, Input, Link, Table, Text } from "@chakra-ui/react";
 import { useState } from "react";
 
 import { getJson, postJson } from "./api";
+import { Conversation } from "./Conversation";
 import { useAction } from "./useAction";
 import { when } from "./format";
 import { Problem } from "./Problem";
@@ -85,11 +86,14 @@ export function Conversations() {
   const query = params.toString() ? `?${params}` : "";
   const { data, error, refresh } = usePolling(() => getJson(`conversations${query}`), [query]);
   const perms = data ? data.permissions : {};
+  // The conversation shown end to end above the list.
+  const [shown, setShown] = useState(null);
 
   return (
     <Box data-testid="broker-conversations">
       <Heading size="lg" mb={2}>Conversations</Heading>
       <Problem error={error} />
+      {shown && <Conversation handle={shown} close={() => setShown(null)} />}
       {data && (
         <HStack mb={2} wrap="wrap" data-testid="conversation-counts">
           {data.counts.map((c) => (
@@ -131,7 +135,12 @@ export function Conversations() {
               <Table.Row key={c.conversation_handle} data-testid="conversation-row"
                          data-leaked={c.is_leaked ? "true" : "false"}
                          bg={c.is_leaked ? "bg.error" : undefined}>
-                <Table.Cell fontFamily="mono" fontSize="xs">{c.conversation_handle}</Table.Cell>
+                <Table.Cell fontFamily="mono" fontSize="xs">
+                  <Link onClick={() => setShown(c.conversation_handle)} cursor="pointer"
+                        colorPalette="blue" data-testid="conversation-link">
+                    {c.conversation_handle}
+                  </Link>
+                </Table.Cell>
                 <Table.Cell>{c.service_name}{c.is_initiator ? " (initiator)" : ""}</Table.Cell>
                 <Table.Cell>{c.far_service}</Table.Cell>
                 <Table.Cell>
