@@ -513,10 +513,7 @@ BEGIN
     SELECT e.conversation_handle, e.conversation_id, e.is_initiator, s.name, q.name,
            e.far_service, e.far_broker_instance, e.state::text, e.lifetime,
            e.security_timestamp, e.send_sequence, e.receive_sequence, e.created_at,
-           coalesce((SELECT t.transmission_status FROM transmissions t
-                      WHERE t.conversation_handle = e.conversation_handle
-                        AND t.transmission_status <> ''
-                      ORDER BY t.message_sequence_number LIMIT 1), e.transmission_status)
+           get_transmission_status(e.conversation_handle)
       FROM endpoints e
       JOIN service_defs s USING (service_id)
       JOIN queues q ON q.object_id = s.service_queue_id
