@@ -316,7 +316,7 @@ class RetryBody(BaseModel):
                         Depends(action_logging(event="broker_transmission_retry"))])
 def post_transmission_retry(body: RetryBody, engine: BrokerDep) -> dict[str, Any]:
     retried = transmission.retry_transmissions(engine, body.to_service_name,
-                                          body.to_broker_instance)
+                                               body.to_broker_instance)
     return {"to_service_name": body.to_service_name,
             "to_broker_instance": body.to_broker_instance, "retried": retried}
 

@@ -195,8 +195,6 @@ def set_activation(broker: Broker, queue_name: str, enabled: bool | None,
                        max_queue_readers=max_queue_readers)
 
 
-
-
 def health(broker: Broker) -> dict[str, Any]:
     """``airflow-broker doctor``'s report (its findings redacted as the CLI's are), worst
     first."""
