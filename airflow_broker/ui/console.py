@@ -233,11 +233,6 @@ def conversations(broker: Broker, *, state: str | None = None,
     }
 
 
-STATE_DESC = {"SO": "STARTED_OUTBOUND", "SI": "STARTED_INBOUND", "CO": "CONVERSING",
-              "DI": "DISCONNECTED_INBOUND", "DO": "DISCONNECTED_OUTBOUND", "ER": "ERROR",
-              "CD": "CLOSED"}
-
-
 def conversation(broker: Broker, handle: uuid.UUID, *, bodies: bool) -> dict[str, Any]:
     """One conversation end to end, as far as the login may see it (RECEIVE on each
     endpoint's queue; 8426 for a handle it may not see): its endpoints in this broker, the
@@ -253,12 +248,12 @@ def conversation(broker: Broker, handle: uuid.UUID, *, bodies: bool) -> dict[str
             "conversation_handle": str(h), "conversation_id": str(cid),
             "is_initiator": bool(initiator), "service_name": service, "queue_name": queue,
             "far_service": far_service, "far_broker_instance": far_instance,
-            "state": state, "state_desc": STATE_DESC.get(state, state),
+            "state": state, "state_desc": state_desc,
             "lifetime": iso(lifetime), "security_timestamp": iso(security),
             "send_sequence": int(sent), "receive_sequence": int(received),
             "created_at": iso(created), "transmission_status": status or None,
-        } for (h, cid, initiator, service, queue, far_service, far_instance, state, lifetime,
-               security, sent, received, created, status) in endpoints],
+        } for (h, cid, initiator, service, queue, far_service, far_instance, state, state_desc,
+               lifetime, security, sent, received, created, status) in endpoints],
         "messages": [{
             "conversation_handle": str(h), "place": place, "message_sequence_number": seq,
             "message_type_name": type_name, "status": status, "at": iso(at),

@@ -485,14 +485,16 @@ $$;
 
 -- One conversation end to end, as far as the login may see it: the endpoint p_handle names and
 -- its peer when the peer lives in this broker (the same conversation_id), each only with
--- RECEIVE on the queue of its own service, as conversation_endpoints shows them; 8426 when
--- the named endpoint is not one the login may see, as GET_TRANSMISSION_STATUS answers. A peer
--- in another broker is named by its service and broker instance: its endpoint is that
--- broker's to show.
-CREATE OR REPLACE FUNCTION console_conversation_endpoints(p_handle uuid)
+-- RECEIVE on the queue of its own service; 8426 when the named endpoint is not one the login
+-- may see, as GET_TRANSMISSION_STATUS answers. A peer in another broker is named by its
+-- service and broker instance: its endpoint is that broker's to show. The columns the catalog
+-- view derives (state_desc, a local target's receive_sequence and security_timestamp) come
+-- from conversation_endpoints itself, so the page and the view never disagree.
+DROP FUNCTION IF EXISTS console_conversation_endpoints(uuid);
+CREATE FUNCTION console_conversation_endpoints(p_handle uuid)
 RETURNS TABLE (conversation_handle uuid, conversation_id uuid, is_initiator boolean,
                service_name text, queue_name text, far_service text,
-               far_broker_instance text, state text, lifetime timestamp,
+               far_broker_instance text, state text, state_desc text, lifetime timestamp,
                security_timestamp timestamp, send_sequence bigint, receive_sequence bigint,
                created_at timestamp, transmission_status text)
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
@@ -510,17 +512,16 @@ BEGIN
         PERFORM raise_error(8426, coalesce(p_handle::text, 'NULL'));
     END IF;
     RETURN QUERY
-    SELECT e.conversation_handle, e.conversation_id, e.is_initiator, s.name, q.name,
-           e.far_service, e.far_broker_instance, e.state::text, e.lifetime,
-           e.security_timestamp, e.send_sequence, e.receive_sequence, e.created_at,
-           get_transmission_status(e.conversation_handle)
-      FROM endpoints e
-      JOIN service_defs s USING (service_id)
+    SELECT c.conversation_handle, c.conversation_id, c.is_initiator, s.name, q.name,
+           c.far_service, c.far_broker_instance, c.state::text, c.state_desc, c.lifetime,
+           c.security_timestamp, c.send_sequence, c.receive_sequence, e.created_at,
+           get_transmission_status(c.conversation_handle)
+      FROM conversation_endpoints c
+      JOIN endpoints e ON e.conversation_handle = c.conversation_handle
+      JOIN service_defs s ON s.service_id = c.service_id
       JOIN queues q ON q.object_id = s.service_queue_id
-     WHERE e.conversation_id = v_id AND NOT e.is_system
-       AND (is_broker_owner()
-            OR has_permission('RECEIVE', 1::smallint, q.object_id, q.principal_id))
-     ORDER BY e.is_initiator DESC;
+     WHERE c.conversation_id = v_id AND NOT c.is_system
+     ORDER BY c.is_initiator DESC;
 END
 $$;
 

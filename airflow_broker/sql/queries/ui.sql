@@ -108,8 +108,8 @@ SELECT inbox_id, queue_name, state, claimed_at, delivered_at, consumed_at,
 -- One conversation's endpoints in this broker that the login may see (8426 for a handle it
 -- may not see).
 SELECT conversation_handle, conversation_id, is_initiator, service_name, queue_name,
-       far_service, far_broker_instance, state, lifetime, security_timestamp, send_sequence,
-       receive_sequence, created_at, transmission_status
+       far_service, far_broker_instance, state, state_desc, lifetime, security_timestamp,
+       send_sequence, receive_sequence, created_at, transmission_status
   FROM {schema}.console_conversation_endpoints(%s)
 
 -- ui_conversation_messages --

@@ -901,9 +901,11 @@ def test_the_overview_counts_receives_and_shows_a_stuck_queue_monitor(
 
 
 def test_one_conversation_end_to_end_its_two_endpoints_and_the_messages_waiting(
-        ui: Ui, app: App) -> None:
+        ui: Ui, app: App, broker_conn: str) -> None:
     """Both endpoints of a conversation inside one broker, from either handle, with the
-    messages waiting in the target's queue; a handle the login cannot see is 404 with 8426."""
+    messages waiting in the target's queue, each endpoint as sys.conversation_endpoints shows
+    it (a local target has received what the initiator sent); a handle the login cannot see is
+    404 with 8426."""
     handle = app.dialog()
     with app.broker.transaction() as tx:
         tx.send(handle, "Req", "one")
@@ -918,7 +920,16 @@ def test_one_conversation_end_to_end_its_two_endpoints_and_the_messages_waiting(
     assert (target["is_initiator"], target["service_name"], target["queue_name"],
             target["far_service"]) == (False, "T", "q_t", "I")
     assert initiator["conversation_id"] == target["conversation_id"]
-    assert (initiator["send_sequence"], target["receive_sequence"]) == (2, 0)
+    assert (initiator["send_sequence"], target["receive_sequence"]) == (2, 2)
+    with psycopg.connect(broker_conn) as conn:
+        catalog = {str(h): (state_desc, received, security) for h, state_desc, received, security
+                   in conn.execute("SELECT conversation_handle, state_desc, receive_sequence,"
+                                   " security_timestamp FROM broker.conversation_endpoints")}
+    for endpoint in (initiator, target):
+        state_desc, received, security = catalog[endpoint["conversation_handle"]]
+        assert (endpoint["state_desc"], endpoint["receive_sequence"],
+                endpoint["security_timestamp"]) == (
+            state_desc, received, security.replace(tzinfo=dt.UTC).isoformat())
     assert [(m["conversation_handle"], m["place"], m["message_sequence_number"],
              m["message_type_name"], m["status"], m["body"]) for m in page["messages"]] == [
         (target["conversation_handle"], "queue", 0, "Req", "ready", "one"),
