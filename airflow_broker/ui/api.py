@@ -139,13 +139,12 @@ def get_quarantine(queue_name: str, engine: BrokerDep,
     bodies) and time, and grouped by error: a group's ids replay or discard the whole group."""
     perms = access.permissions(user)
     try:
-        messages = quarantine.quarantine(engine, queue_name, bodies=perms["view_bodies"],
-                                         error_contains=error, body_contains=body, since=since)
+        found = quarantine.quarantine(engine, queue_name, bodies=perms["view_bodies"],
+                                      error_contains=error, body_contains=body, since=since)
     except quarantine.BodiesWithheld as refused:
         raise HTTPException(403, str(refused)) from refused
     rights = console.queue_rights(engine, queue_name)
-    return {"queue_name": queue_name, "permissions": perms, "messages": messages,
-            "groups": quarantine.by_error(messages), **rights}
+    return {"queue_name": queue_name, "permissions": perms, **found, **rights}
 
 
 # -- writes ----------------------------------------------------------------------------------
@@ -155,7 +154,7 @@ class QueueStatusBody(BaseModel):
 
 
 class ReplayBody(BaseModel):
-    quarantine_ids: list[int] = Field(min_length=1, max_length=10_000)
+    quarantine_ids: list[int] = Field(min_length=1, max_length=quarantine.GROUP_IDS)
 
 
 # Authorisation before the audit log: a refused request is not an action.

@@ -406,3 +406,36 @@ def test_dialogs_between_brokers_plan_their_statements_once_a_session(
         finally:
             to_b.close()
             to_a.close()
+
+
+def test_the_quarantine_page_reads_the_oldest_it_lists_not_the_whole_quarantine(
+        app: App) -> None:
+    # 2,000 messages of q_t quarantined, 20,000 of q_i, 20,000 of q_t replayed long ago: the
+    # page's list of q_t's oldest 50 goes through the queue's open quarantine in order and
+    # stops there (it read and returned the queue's whole quarantine).
+    with app.broker.transaction() as tx:
+        tx.conn.execute(
+            "INSERT INTO broker.quarantine (queue_id, conversation_handle,"
+            " conversation_group_id, service_name, service_contract_name, message_type_name,"
+            " message_sequence_number, message_id, message_body, error, attempts, status,"
+            " quarantined_at)"
+            " SELECT q.object_id, gen_random_uuid(), gen_random_uuid(), 'T', 'C', 'Req', n,"
+            " gen_random_uuid(), 'body', 'ValueError', 1, s.status,"
+            " timestamp '2026-01-01' + n * interval '1 second'"
+            " FROM broker.queues q, (VALUES ('q_t', 'quarantined', 2000),"
+            " ('q_i', 'quarantined', 20000), ('q_t', 'replayed', 20000)) s (queue, status, many),"
+            " generate_series(1, s.many) n WHERE q.name = s.queue")
+    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker.quarantine")
+    with app.broker.transaction() as tx:
+        before = _rows_read(tx.conn, "quarantine")
+        listed = tx.conn.execute(
+            "SELECT message_sequence_number FROM broker.console_quarantine('q_t', NULL, NULL,"
+            " 50)").fetchall()
+        read = _rows_read(tx.conn, "quarantine") - before
+        (groups,) = tx.conn.execute(
+            "SELECT count(*), sum(messages) FROM broker.console_quarantine_groups('q_t',"
+            " 'valueerror', NULL, 10)").fetchall()
+    assert [n for (n,) in listed] == list(range(1, 51))
+    assert read < 100
+    assert groups == (1, 2000)

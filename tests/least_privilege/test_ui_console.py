@@ -111,9 +111,12 @@ def test_receive_reads_and_replays_but_does_not_enable(owned_dsn: str,
         assert queue["poison"]["message_ids"] == [str(poisoned.poison_message_id)]
         [group] = console.queue_messages(ui, QUEUE, bodies=True)["groups"]
         assert [m["body"] for m in group["messages"]] == ["poison"]
-        quarantined = quarantine.quarantine(ui, QUEUE, bodies=True)
+        found = quarantine.quarantine(ui, QUEUE, bodies=True)
+        quarantined = found["messages"]
         assert [m["quarantine_id"] for m in quarantined] == poisoned.quarantine_ids
         assert [m["body"] for m in quarantined] == ["first", "second"]
+        assert [(g["count"], g["quarantine_ids"]) for g in found["groups"]] == [
+            (2, poisoned.quarantine_ids)]
         # Replay and enable is both or neither: without ALTER, neither.
         assert refused(lambda: quarantine.replay_and_enable(
             ui, QUEUE, poisoned.quarantine_ids)) == 15151
@@ -138,12 +141,13 @@ def test_replay_takes_only_messages_of_the_queues_own_quarantine(
         with pytest.raises(BrokerError) as error:
             quarantine.discard(ui, QUEUE, [*poisoned.quarantine_ids, others.quarantine_ids[0]])
         assert error.value.number == 15151
-        assert len(quarantine.quarantine(ui, QUEUE, bodies=False)) == 2
+        assert len(quarantine.quarantine(ui, QUEUE, bodies=False)["messages"]) == 2
         assert quarantine.discard(ui, QUEUE, poisoned.quarantine_ids[:1]) == 1
-        assert [m["quarantine_id"] for m in quarantine.quarantine(ui, QUEUE, bodies=False)] == (
+        assert [m["quarantine_id"] for m in
+                quarantine.quarantine(ui, QUEUE, bodies=False)["messages"]] == (
             poisoned.quarantine_ids[1:])
     with Broker(owned_dsn) as admin:
-        assert len(quarantine.quarantine(admin, "b_q_t", bodies=False)) == 1
+        assert len(quarantine.quarantine(admin, "b_q_t", bodies=False)["messages"]) == 1
 
 
 def test_alter_enables_and_disables_but_reads_nothing(owned_dsn: str,

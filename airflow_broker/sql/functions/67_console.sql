@@ -225,8 +225,14 @@ BEGIN
 END
 $$;
 
--- A queue's quarantined and parked (retrying) messages, oldest first.
-CREATE OR REPLACE FUNCTION console_quarantine(p_queue text)
+-- A queue's quarantined and parked (retrying) messages, oldest first: those whose error holds
+-- p_error (ignoring case) and that were quarantined at or after p_since (NULL: any), at most
+-- p_limit (NULL: all). The queue's open quarantine is read through its index
+-- (quarantine_open); a filter on body content, which must decode each body as the client
+-- does, is the caller's.
+DROP FUNCTION IF EXISTS console_quarantine(text);
+CREATE OR REPLACE FUNCTION console_quarantine(p_queue text, p_error text, p_since timestamp,
+                                              p_limit integer)
 RETURNS TABLE (quarantine_id bigint, status text, quarantined_at timestamp, attempts integer,
                conversation_handle uuid, message_type_name text,
                message_sequence_number bigint, message_id uuid, message_body bytea,
@@ -241,7 +247,33 @@ BEGIN
            x.error
       FROM quarantine x
      WHERE x.queue_id = q.object_id AND x.status IN ('quarantined', 'retrying')
-     ORDER BY x.quarantined_at, x.quarantine_id;
+       AND (p_since IS NULL OR x.quarantined_at >= p_since)
+       AND (p_error IS NULL OR strpos(lower(x.error), lower(p_error)) > 0)
+     ORDER BY x.quarantined_at, x.quarantine_id
+     LIMIT p_limit;
+END
+$$;
+
+-- The same messages by error, the largest group first: how many, when the first and the last
+-- were quarantined, and the ids of the oldest p_ids of them (what replaying the group takes,
+-- p_ids at a time), however many the page lists.
+CREATE OR REPLACE FUNCTION console_quarantine_groups(p_queue text, p_error text,
+                                                     p_since timestamp, p_ids integer)
+RETURNS TABLE (error text, messages bigint, first_quarantined_at timestamp,
+               last_quarantined_at timestamp, quarantine_ids bigint[])
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    q queues := console_readable_queue(p_queue);
+BEGIN
+    RETURN QUERY
+    SELECT x.error, count(*), min(x.quarantined_at), max(x.quarantined_at),
+           (array_agg(x.quarantine_id ORDER BY x.quarantined_at, x.quarantine_id))[1:p_ids]
+      FROM quarantine x
+     WHERE x.queue_id = q.object_id AND x.status IN ('quarantined', 'retrying')
+       AND (p_since IS NULL OR x.quarantined_at >= p_since)
+       AND (p_error IS NULL OR strpos(lower(x.error), lower(p_error)) > 0)
+     GROUP BY x.error
+     ORDER BY count(*) DESC, min(x.quarantined_at), min(x.quarantine_id);
 END
 $$;
 

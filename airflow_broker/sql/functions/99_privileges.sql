@@ -39,7 +39,7 @@ BEGIN
                    'airflow_ack', 'queue_of_event',
                    -- The pages in Airflow's UI, as far as the caller may see and act.
                    'console_queues', 'console_queue_rights', 'console_queue_messages',
-                   'console_quarantine',
+                   'console_quarantine', 'console_quarantine_groups',
                    'console_replay', 'console_conversations', 'console_conversation_counts',
                    'console_reader_runs', 'console_activations',
                    'console_transmissions', 'console_retry_transmissions', 'console_inbox',

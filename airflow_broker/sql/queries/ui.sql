@@ -48,10 +48,16 @@ SELECT task_id, procedure, execute_as, started_at, ended_at, outcome, messages_r
 SELECT may_receive, may_alter FROM {schema}.console_queue_rights(%s)
 
 -- ui_quarantine --
--- One queue's quarantined and parked messages, for a login that may RECEIVE from it.
+-- One queue's quarantined and parked messages, for a login that may RECEIVE from it: error
+-- text, quarantined since (NULLs: any), at most %s rows (NULL: all), oldest first.
 SELECT quarantine_id, status, quarantined_at, attempts, conversation_handle,
        message_type_name, message_sequence_number, message_id, message_body, error
-  FROM {schema}.console_quarantine(%s)
+  FROM {schema}.console_quarantine(%s, %s, %s, %s)
+
+-- ui_quarantine_groups --
+-- Those messages by error: how many, the first and the last, the oldest %s ids.
+SELECT error, messages, first_quarantined_at, last_quarantined_at, quarantine_ids
+  FROM {schema}.console_quarantine_groups(%s, %s, %s, %s)
 
 -- ui_replay --
 -- Replays quarantined messages of one queue (RECEIVE on it); returns how many.

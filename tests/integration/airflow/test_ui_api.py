@@ -20,6 +20,8 @@ from fastapi.testclient import TestClient
 
 from airflow_broker import Broker
 from airflow_broker.messages import ERROR
+from airflow_broker.ui import quarantine as quarantine_page
+from airflow_broker.ui.console import MESSAGE_LIMIT
 from airflow_broker.worker.transport import Transport
 from tests.fixtures.airflow import RunDag, connection_json, task_states
 from tests.support import roles
@@ -245,6 +247,48 @@ def test_quarantine_grouped_by_error_and_filtered_by_body_and_time(
     since = ui.get(path, "viewer", params={"since": quarantined_at.isoformat()}).json()
     assert second in [m["quarantine_id"] for m in since["messages"]]
     assert ui.get(path, "viewer", params={"since": "yesterday"}).status_code == 422
+
+
+def test_a_large_quarantine_lists_the_oldest_and_groups_every_match(
+        ui: Ui, poisoned: PoisonedQueue, broker_conn: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the page's limit the oldest are listed and ``truncated`` says more match; each
+    group counts all its matches and carries the ids of its oldest ones, as many as one replay
+    takes; the error filter narrows in the database, the body filter too."""
+    first, second = poisoned.quarantine_ids
+    more = MESSAGE_LIMIT + 10
+    with psycopg.connect(broker_conn) as conn:
+        conn.execute(
+            "INSERT INTO broker.quarantine (queue_id, conversation_handle,"
+            " conversation_group_id, service_name, service_contract_name, message_type_name,"
+            " message_sequence_number, message_id, message_body, error, attempts,"
+            " quarantined_at)"
+            " SELECT queue_id, conversation_handle, conversation_group_id, service_name,"
+            " service_contract_name, message_type_name, message_sequence_number + n,"
+            " gen_random_uuid(), convert_to('price ' || n, 'UTF8'), 'KeyError: price',"
+            " attempts, quarantined_at + n * interval '1 second'"
+            " FROM broker.quarantine, generate_series(1, %s) n WHERE quarantine_id = %s",
+            [more, second])
+        added = [i for (i,) in conn.execute(
+            "SELECT quarantine_id FROM broker.quarantine WHERE error = 'KeyError: price'"
+            " ORDER BY quarantined_at")]
+    monkeypatch.setattr(quarantine_page, "GROUP_IDS", 100)
+    path = f"/api/queues/{QUEUE}/quarantine"
+    page = ui.get(path, "viewer").json()
+    assert (page["truncated"], len(page["messages"])) == (True, MESSAGE_LIMIT)
+    assert [m["quarantine_id"] for m in page["messages"][:3]] == [first, second, added[0]]
+    assert [(g["error"], g["count"]) for g in page["groups"]] == [
+        ("KeyError: price", more), ("ValueError: bad trade", 2)]
+    assert page["groups"][0]["quarantine_ids"] == added[:100]
+    assert page["groups"][1]["quarantine_ids"] == [first, second]
+    narrowed = ui.get(path, "viewer", params={"error": "BAD trade"}).json()
+    assert (narrowed["truncated"], [m["quarantine_id"] for m in narrowed["messages"]]) == (
+        False, [first, second])
+    by_body = ui.get(path, "viewer", params={"body": "PRICE 1"}).json()
+    # price 1, price 10 to 19, price 100 to 199: 111 of them, listed and grouped.
+    assert (by_body["truncated"], len(by_body["messages"])) == (False, 111)
+    assert [(g["error"], g["count"], len(g["quarantine_ids"])) for g in by_body["groups"]] == [
+        ("KeyError: price", 111, 100)]
 
 
 def test_a_body_filter_is_refused_to_users_who_may_not_see_bodies(

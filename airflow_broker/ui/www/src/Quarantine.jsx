@@ -29,6 +29,8 @@ export function Quarantine({ name }) {
   const [done, setDone] = useState(null);
   const messages = data ? data.messages : [];
   const groups = data ? data.groups : [];
+  // Every match is in a group, also those beyond the listed ones.
+  const matching = groups.reduce((sum, g) => sum + g.count, 0);
   const perms = data ? data.permissions : {};
   // The auth manager's consent and the broker's: the UI's login may lack ALTER on the queue.
   const mayEnable = perms.replay_quarantine && data && data.may_alter;
@@ -120,7 +122,10 @@ export function Quarantine({ name }) {
                     {selecting && (
                       <Button size="xs" variant="outline"
                               onClick={() => setSelected(new Set(g.quarantine_ids))}
-                              data-testid="group-select">Select all {g.count}</Button>
+                              data-testid="group-select">
+                        {g.quarantine_ids.length < g.count
+                          ? `Select the oldest ${g.quarantine_ids.length}` : `Select all ${g.count}`}
+                      </Button>
                     )}
                   </HStack>
                 </Table.Cell>
@@ -131,7 +136,10 @@ export function Quarantine({ name }) {
       )}
       {messages.length > 0 && (
         <Text mb={2} data-testid="quarantine-count">
-          {messages.length} message(s) match{selected.size ? `; ${selected.size} selected` : ""}
+          {data.truncated
+            ? `${matching} messages match; the oldest ${messages.length} are listed`
+            : `${messages.length} message(s) match`}
+          {selected.size ? `; ${selected.size} selected` : ""}
         </Text>
       )}
       {data && messages.length === 0 && (
