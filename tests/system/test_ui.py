@@ -288,7 +288,15 @@ def test_health_and_conversations_as_the_least_privileged_login(
             tx.send(waiting, TRADE, "<trade id='6'/>")
         audit = str(target_handle(broker, waiting))
     dark = open_page(browser, airflow_deployment, "op", "dark",
-                     "plugin/broker?page=conversations")
+                     "plugin/broker?page=health")
+    expect(dark.get_by_test_id("health-finding").first).to_be_visible()
+    dark.screenshot(path=screenshots / "health-dark.png", full_page=True)
+    dark.get_by_test_id("to-conversations").click()
+    expect(dark.get_by_test_id("conversation-row").filter(has_text=audit)).to_have_count(1)
+    # Native controls follow the dark theme, as Airflow's own do.
+    expect(dark.get_by_test_id("state-filter")).to_have_css("color-scheme", "dark")
+    expect(page.get_by_test_id("state-filter")).to_have_css("color-scheme", "light")
+    dark.screenshot(path=screenshots / "conversations-dark.png", full_page=True)
     for shown, scheme in ((page, "light"), (dark, "dark")):
         shown.get_by_test_id("conversation-row").filter(has_text=audit).get_by_test_id(
             "conversation-link").click()
@@ -382,37 +390,41 @@ def test_the_broker_tabs_of_a_dag_and_of_a_finished_task_instance(
     # docs/security.md: the conversations of a queue's services are its readers' to see.
     system_databases.grant_ui(roles.broker_grant("RECEIVE", "QUEUE::TraderQueue"))
     try:
-        page = open_page(browser, airflow_deployment, "viewer", "light",
-                         f"dags/{dag_id}/plugin/broker-dag")
-        row = page.get_by_test_id("dag-queue-TraderQueue")
-        # Airflow's DAG and task pages load more than the plugin's page before the tab's
-        # bundle: seconds on a busy machine, past expect()'s default of five.
-        expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"),
-                                                               timeout=GUARD_MS)
-        expect(row).to_contain_text("wait_for_brokerage")
-        expect(row).to_contain_text("receive_acknowledgements")
-        page.screenshot(path=screenshots / "dag-tab-light.png", full_page=True)
-        # To the broker's page of that queue.
-        row.get_by_test_id("queue-link").click()
-        expect(page.get_by_test_id("queue-summary")).to_be_visible()
-        page.context.close()
+        for scheme in ("light", "dark"):
+            page = open_page(browser, airflow_deployment, "viewer", scheme,
+                             f"dags/{dag_id}/plugin/broker-dag")
+            row = page.get_by_test_id("dag-queue-TraderQueue")
+            # Airflow's DAG and task pages load more than the plugin's page before the tab's
+            # bundle: seconds on a busy machine, past expect()'s default of five.
+            expect(row.get_by_test_id("queue-state")).to_have_text(re.compile("enabled"),
+                                                                   timeout=GUARD_MS)
+            expect(row).to_contain_text("wait_for_brokerage")
+            expect(row).to_contain_text("receive_acknowledgements")
+            page.screenshot(path=screenshots / f"dag-tab-{scheme}.png", full_page=True)
+            if scheme == "light":
+                # To the broker's page of that queue.
+                row.get_by_test_id("queue-link").click()
+                expect(page.get_by_test_id("queue-summary")).to_be_visible()
+            page.context.close()
 
         handle = airflow_api.xcom(dag_id, run_id, "begin_dialog")
-        page = open_page(browser, airflow_deployment, "viewer", "light",
-                         f"dags/{dag_id}/runs/{run_id}/tasks/send_trade_1"
-                         "/plugin/broker-task-instance")
-        expect(page.get_by_test_id("ti-field-conversation_handle")).to_contain_text(
-            handle, timeout=GUARD_MS)
-        expect(page.get_by_test_id("ti-field-message_type_name")).to_contain_text(
-            "//Trading/TradeEntry")
-        conversation = page.get_by_test_id("ti-conversation")
-        expect(conversation).to_contain_text(handle)
-        expect(conversation).to_contain_text("//Trading/BrokerageService")
-        # Open: the brokerage has not answered (STARTED_OUTBOUND until its side exists).
-        expect(conversation).to_have_attribute("data-state", re.compile("^(SO|CO)$"))
-        expect(page.get_by_test_id("no-inbox")).to_be_visible()
-        page.screenshot(path=screenshots / "task-instance-tab-light.png", full_page=True)
-        page.context.close()
+        for scheme in ("light", "dark"):
+            page = open_page(browser, airflow_deployment, "viewer", scheme,
+                             f"dags/{dag_id}/runs/{run_id}/tasks/send_trade_1"
+                             "/plugin/broker-task-instance")
+            expect(page.get_by_test_id("ti-field-conversation_handle")).to_contain_text(
+                handle, timeout=GUARD_MS)
+            expect(page.get_by_test_id("ti-field-message_type_name")).to_contain_text(
+                "//Trading/TradeEntry")
+            conversation = page.get_by_test_id("ti-conversation")
+            expect(conversation).to_contain_text(handle)
+            expect(conversation).to_contain_text("//Trading/BrokerageService")
+            # Open: the brokerage has not answered (STARTED_OUTBOUND until its side exists).
+            expect(conversation).to_have_attribute("data-state", re.compile("^(SO|CO)$"))
+            expect(page.get_by_test_id("no-inbox")).to_be_visible()
+            page.screenshot(path=screenshots / f"task-instance-tab-{scheme}.png",
+                            full_page=True)
+            page.context.close()
     finally:
         # The brokerage acknowledges, the run completes, and the conversation ends.
         airflow_api.unpause("broker_stock_trade_brokerage")

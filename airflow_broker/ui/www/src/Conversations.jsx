@@ -1,7 +1,9 @@
 // The conversations the UI's login may see, by state, leaks flagged. END CONVERSATION WITH
 // CLEANUP never tells the peer, so it is offered for a leak alone, and only after the user
 // types the conversation's handle; WITH ERROR for an open conversation.
-import { Badge, Box, Button, Heading, HStack, Input, Link, Table, Text } from "@chakra-ui/react";
+import {
+  Badge, Box, Button, Heading, HStack, Input, Link, NativeSelect, Table, Text,
+} from "@chakra-ui/react";
 import { useState } from "react";
 
 import { getJson, postJson } from "./api";
@@ -104,11 +106,14 @@ export function Conversations() {
         </HStack>
       )}
       <HStack mb={3}>
-        <select value={state} onChange={(e) => setState(e.target.value)}
-                data-testid="state-filter" aria-label="state">
-          <option value="">every state</option>
-          {STATES.map((s) => <option key={s} value={s}>{s}</option>)}
-        </select>
+        <NativeSelect.Root size="sm" maxW="3xs">
+          <NativeSelect.Field value={state} onChange={(e) => setState(e.target.value)}
+                              data-testid="state-filter" aria-label="state">
+            <option value="">every state</option>
+            {STATES.map((s) => <option key={s} value={s}>{s}</option>)}
+          </NativeSelect.Field>
+          <NativeSelect.Indicator />
+        </NativeSelect.Root>
         <label>
           <input type="checkbox" checked={leakedOnly} data-testid="leaked-only"
                  onChange={() => setLeakedOnly(!leakedOnly)} /> leaks only

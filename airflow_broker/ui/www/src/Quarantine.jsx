@@ -1,4 +1,6 @@
-import { Badge, Box, Button, Code, Heading, HStack, Input, Table, Text } from "@chakra-ui/react";
+import {
+  Badge, Box, Button, Code, Heading, HStack, Input, NativeSelect, Table, Text,
+} from "@chakra-ui/react";
 import { useState } from "react";
 
 import { getJson, postJson, queuePath } from "./api";
@@ -72,11 +74,14 @@ export function Quarantine({ name }) {
           <Input size="sm" maxW="xs" placeholder="Filter by body content" value={bodyFilter}
                  onChange={(e) => setBodyFilter(e.target.value)} data-testid="body-filter" />
         )}
-        <select value={within} onChange={(e) => chooseWindow(e.target.value)}
-                aria-label="quarantined within" data-testid="since-filter">
-          {WINDOWS.map(([seconds, label]) => (
-            <option key={seconds} value={seconds}>{label}</option>))}
-        </select>
+        <NativeSelect.Root size="sm" maxW="3xs">
+          <NativeSelect.Field value={within} onChange={(e) => chooseWindow(e.target.value)}
+                              aria-label="quarantined within" data-testid="since-filter">
+            {WINDOWS.map(([seconds, label]) => (
+              <option key={seconds} value={seconds}>{label}</option>))}
+          </NativeSelect.Field>
+          <NativeSelect.Indicator />
+        </NativeSelect.Root>
         {mayEnable && (
           <Button size="sm" colorPalette="blue" disabled={selected.size === 0 || busy}
                   loading={busy} onClick={() => replay(true)} data-testid="replay-and-enable">

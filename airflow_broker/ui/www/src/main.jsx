@@ -76,8 +76,12 @@ export default function BrokerPlugin({ dagId, runId, taskId, mapIndex }) {
   const page = dagId && runId && taskId
     ? <TaskInstanceTab dagId={dagId} runId={runId} taskId={taskId} mapIndex={mapIndex} />
     : dagId ? <DagTab dagId={dagId} /> : <Pages />;
+  // The browser draws native controls (selects, checkboxes, scroll bars) by the CSS
+  // color-scheme, which the host's dark mode leaves light.
   return (
-    <ChakraProvider value={globalThis.ChakraUISystem ?? defaultSystem}>{page}</ChakraProvider>
+    <ChakraProvider value={globalThis.ChakraUISystem ?? defaultSystem}>
+      <Box css={{ colorScheme: "light", _dark: { colorScheme: "dark" } }}>{page}</Box>
+    </ChakraProvider>
   );
 }
 
