@@ -227,9 +227,9 @@ $$;
 
 -- A queue's quarantined and parked (retrying) messages, oldest first: those whose error holds
 -- p_error (ignoring case) and that were quarantined at or after p_since (NULL: any), at most
--- p_limit (NULL: all). The queue's open quarantine is read through its index
--- (quarantine_open); a filter on body content, which must decode each body as the client
--- does, is the caller's.
+-- p_limit (NULL: all). The queue's open quarantine is read in this order through its index
+-- (quarantine_open_by_time), so a page stops at its end; a filter on body content, which must
+-- decode each body as the client does, is the caller's.
 DROP FUNCTION IF EXISTS console_quarantine(text);
 CREATE OR REPLACE FUNCTION console_quarantine(p_queue text, p_error text, p_since timestamp,
                                               p_limit integer)
