@@ -22,7 +22,7 @@ per second of the measurement, which lasts until the reader's last RECEIVE that 
 messages: messages that arrived on the far queue and were received there, end to end. After
 the warm-ups, what they sent is delivered and removed before the measurement starts.
 
-k2, latency: as scenario e, from the sender's COMMIT returning in A to the waiting RECEIVE
+k2, latency: as scenario e, from the sender issuing its COMMIT in A to the waiting RECEIVE
 returning the message in B (across) or in A (local).
 """
 

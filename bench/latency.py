@@ -1,5 +1,7 @@
-"""Scenario e: WAITFOR wake-up latency, from the sender's COMMIT returning to the waiting
-receiver's RECEIVE returning, with receiver and sender in two processes.
+"""Scenario e: WAITFOR wake-up latency, from the sender issuing its COMMIT to the waiting
+receiver's RECEIVE returning, with receiver and sender in two processes. The stamp is taken as
+COMMIT is issued because no receiver can see the message earlier; once COMMIT returns, the
+sender may be scheduled after the receiver has already woken, and the latency would go negative.
 
 Each sample: the receiver starts waiting and says so; after a random 20-120 ms (so the send lands
 at a uniformly random point of pgmq's 100 ms poll cycle, and our receiver is surely inside its

@@ -105,31 +105,6 @@ OpFactory = Callable[[str, int, OpParams], Op]
 StepperFactory = Callable[[str, OpParams], Stepper]
 
 
-class CommitStepper:
-    """A sender of the latency scenarios (e, k): one transaction of worker 0's op per step,
-    the timestamp taken when its COMMIT has returned. Either side's op, so the sender's
-    transaction is the one its throughput scenarios measure."""
-
-    def __init__(self, op: Op) -> None:
-        self.op = op
-
-    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
-        moved = self.op()
-        return time.perf_counter(), moved
-
-    def close(self) -> None:
-        self.op.close()
-
-
-def committing(op: OpFactory) -> StepperFactory:
-    """The CommitStepper of ``op``'s worker 0."""
-
-    def stepper(dsn: str, params: OpParams) -> Stepper:
-        return CommitStepper(op(dsn, 0, params))
-
-    return stepper
-
-
 def binary_body(size: int) -> bytes:
     return b"x" * size
 

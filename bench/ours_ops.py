@@ -40,6 +40,22 @@ class SendOne(_BrokerOp):
         return 1
 
 
+class CommitSender(SendOne):
+    """The sender of the latency scenarios (e, k): SendOne's transaction, stamped as its
+    COMMIT is issued. No receiver can see the message before that moment, so a latency from it
+    is never below the true one; a stamp taken when COMMIT returns can come after the receiver
+    has woken, when the sender is scheduled late."""
+
+    def __init__(self, dsn: str, params: OpParams) -> None:
+        super().__init__(dsn, 0, params)
+
+    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
+        with self.broker.transaction(pipeline=self.pipeline) as tx:
+            tx.send(self.handle, MESSAGE_TYPE, self.body)
+            issued = time.perf_counter()
+        return issued, 1
+
+
 class SendBatch(SendOne):
     """``batch`` SENDs in one transaction, as one send_many call (the batch API, as
     pgmq.send_batch is pgmq's)."""

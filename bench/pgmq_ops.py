@@ -44,6 +44,20 @@ class Send(_PgmqOp):
         return 1
 
 
+class CommitSender(Send):
+    """The sender of the latency scenarios (e, k): Send's transaction, stamped as its COMMIT
+    is issued, as ours is."""
+
+    def __init__(self, dsn: str, params: OpParams) -> None:
+        super().__init__(dsn, 0, params)
+
+    def step(self, entering: Callable[[float], None]) -> tuple[float, int]:
+        with self.conn.transaction():
+            self.conn.execute("SELECT pgmq.send(%s, %s::jsonb)", [self.queue, self.body])
+            issued = time.perf_counter()
+        return issued, 1
+
+
 class SendBatch(_PgmqOp):
     """``pgmq.send_batch`` of ``batch`` messages in one call."""
 

@@ -22,7 +22,6 @@ from bench.ops import (
     SendFloor,
     SendFloorBatch,
     StepperFactory,
-    committing,
 )
 
 LOAD_OPS: dict[str, OpFactory] = {
@@ -62,7 +61,7 @@ LOAD_OPS: dict[str, OpFactory] = {
 
 STEPPERS: dict[str, StepperFactory] = {
     "ours.wait_receiver": ours_ops.WaitReceiver,
-    "ours.commit_sender": committing(ours_ops.SendOne),
+    "ours.commit_sender": ours_ops.CommitSender,
     "pgmq.poll_receiver": pgmq_ops.PollReceiver,
-    "pgmq.commit_sender": committing(pgmq_ops.Send),
+    "pgmq.commit_sender": pgmq_ops.CommitSender,
 }
