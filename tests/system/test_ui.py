@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from airflow_broker import Broker
@@ -24,7 +25,12 @@ from tests.support import roles
 from tests.support.airflow_api import AirflowApi
 from tests.support.deployment import Deployment
 from tests.support.helpers import target_handle
-from tests.support.quarantine import PoisonedQueue, poisoned_queue
+from tests.support.quarantine import (
+    PoisonedQueue,
+    poisoned_queue,
+    quarantine_received,
+    quarantined,
+)
 
 try:
     from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -214,6 +220,43 @@ def test_an_operator_replays_and_enables_in_one_click_and_the_queue_drains(
             assert len(tx.receive(QUEUE, 10)) == 1
     expect(row.get_by_test_id("receive-rate")).to_have_text(re.compile(r"^(0\.0[1-9]|0\.[1-9]|[1-9])"))
     page.context.close()
+
+
+def test_an_operator_discards_a_quarantined_message_once_asked_again(
+        browser: Browser, airflow_deployment: Deployment, system_databases: SystemDatabases,
+        ) -> None:
+    """Discard cannot be undone: the page asks once more, naming how many, and only then
+    takes the message out of the quarantine for good (nothing returns to the queue)."""
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        with broker.transaction() as tx:
+            tx.send(tx.begin_dialog("//UI/Desk", "//UI/Settlement", "//UI/TradeContract"),
+                    TRADE, "<trade id='5'>DUPLICATE</trade>")
+        [discarded] = quarantine_received(broker, QUEUE, 1, "ValueError: duplicate trade 5")
+
+    page = open_page(browser, airflow_deployment, "op", "light",
+                     f"plugin/broker?queue={QUEUE}&page=quarantine")
+    expect(page.get_by_test_id("quarantine-row")).to_have_count(1)
+    expect(page.get_by_test_id("discard")).to_be_disabled()
+    page.get_by_test_id("select-message").check()
+    page.get_by_test_id("discard").click()
+    expect(page.get_by_test_id("discard-confirmation")).to_contain_text("Discard 1 message(s)?")
+    page.get_by_test_id("discard-cancel").click()
+    expect(page.get_by_test_id("discard-confirmation")).to_have_count(0)
+    expect(page.get_by_test_id("quarantine-row")).to_have_count(1)
+    page.get_by_test_id("discard").click()
+    page.get_by_test_id("discard-confirm").click()
+    expect(page.get_by_test_id("replay-done")).to_contain_text("1 message(s) discarded")
+    expect(page.get_by_test_id("quarantine-empty")).to_be_visible()
+    page.context.close()
+
+    with Broker(system_databases.broker_dsn, poll_interval=0.2) as broker:
+        assert quarantined(broker, QUEUE) == []
+        with broker.transaction() as tx:
+            assert tx.receive(QUEUE, 10) == []
+    with psycopg.connect(system_databases.broker_dsn) as conn:
+        row = conn.execute("SELECT status FROM broker.quarantine WHERE quarantine_id = %s",
+                           [discarded]).fetchone()
+    assert row == ("discarded",)
 
 
 def test_health_and_conversations_as_the_least_privileged_login(

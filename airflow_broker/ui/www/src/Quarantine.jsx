@@ -29,6 +29,9 @@ export function Quarantine({ name }) {
   const [selected, setSelected] = useState(new Set());
   const { busy, error: actionError, run } = useAction();
   const [done, setDone] = useState(null);
+  // Discarding cannot be undone: the button asks once more, naming how many it discards.
+  const [confirming, setConfirming] = useState(false);
+  const asking = confirming && selected.size > 0;
   const messages = data ? data.messages : [];
   const groups = data ? data.groups : [];
   // Every match is in a group, also those beyond the listed ones.
@@ -56,6 +59,7 @@ export function Quarantine({ name }) {
                                   { quarantine_ids: [...selected] });
     setDone(said(result));
     setSelected(new Set());
+    setConfirming(false);
     await refresh();
   });
   const replay = (enable) => act(enable ? "replay-and-enable" : "replay", (result) =>
@@ -94,14 +98,30 @@ export function Quarantine({ name }) {
             Replay
           </Button>
         )}
-        {perms.discard_quarantine && mayReplay && (
+        {perms.discard_quarantine && mayReplay && !asking && (
           <Button size="sm" variant="outline" colorPalette="red"
-                  disabled={selected.size === 0 || busy} loading={busy} onClick={discard}
+                  disabled={selected.size === 0 || busy} onClick={() => setConfirming(true)}
                   data-testid="discard">
             Discard
           </Button>
         )}
       </HStack>
+      {asking && (
+        <HStack mb={3} data-testid="discard-confirmation">
+          <Text color="fg.error">
+            Discard {selected.size} message(s)? They leave the quarantine for good and cannot be
+            replayed.
+          </Text>
+          <Button size="sm" colorPalette="red" loading={busy} onClick={discard}
+                  data-testid="discard-confirm">
+            Discard {selected.size}
+          </Button>
+          <Button size="sm" variant="ghost" onClick={() => setConfirming(false)}
+                  data-testid="discard-cancel">
+            Cancel
+          </Button>
+        </HStack>
+      )}
       {groups.length > 0 && (
         <Table.Root size="sm" variant="outline" mb={4} data-testid="quarantine-groups">
           <Table.Header>
