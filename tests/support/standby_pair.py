@@ -122,7 +122,7 @@ class StandbyPair:
             conn.execute(sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
                 sql.Literal(STANDBY_NAME)))
             conn.execute("SELECT pg_reload_conf()")
-        self._wait_for_sync()
+        wait_for_sync(self.admin_dsn(self.primary_port))
 
     def _configure(self, data_dir: Path, port: int, synchronous: str | None = None) -> None:
         lines = [
@@ -148,19 +148,6 @@ class StandbyPair:
         self._run(_bin("pg_ctl"), "-D", str(data_dir), "-l", str(data_dir / "server.log"),
                   "-w", "-t", "60", *command)
 
-    def _wait_for_sync(self) -> None:
-        deadline = time.monotonic() + 60
-        with psycopg.connect(self.admin_dsn(self.primary_port), autocommit=True) as conn:
-            while True:
-                row = conn.execute(
-                    "SELECT count(*) FROM pg_stat_replication"
-                    " WHERE application_name = %s AND sync_state = 'sync'"
-                    " AND state = 'streaming'", [STANDBY_NAME]).fetchone()
-                if row is not None and row[0] == 1:
-                    return
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the standby did not become a synchronous standby")
-                time.sleep(0.05)
 
     # -- what tests use ---------------------------------------------------------------------
 
@@ -175,9 +162,6 @@ class StandbyPair:
         return make_conninfo(
             host="127.0.0.1,127.0.0.1", port=f"{self.primary_port},{self.standby_port}",
             user="postgres", dbname=DATABASE, **CLIENT_SETTINGS)
-
-    def primary_pid(self) -> int:
-        return int((self.primary_dir / "postmaster.pid").read_text().split()[0])
 
     def crash_primary(self) -> None:
         """``pg_ctl stop -m immediate`` of the primary: its processes quit at once, without a
@@ -194,39 +178,64 @@ class StandbyPair:
         standby (``promote_after`` seconds later: the time a failover manager takes to decide);
         returns once the new primary accepts writes."""
         assert not self.failed_over, "one failover per pair"
-        postmaster = psutil.Process(self.primary_pid())
-        # The postmaster and every process of the server at once, as the host's loss would:
-        # a backend outliving its postmaster answers its client until its next wait.
-        processes = [postmaster, *postmaster.children()]
-        for process in processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        deadline = time.monotonic() + 10
-        while any(_running(process) for process in processes):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the primary's processes outlived SIGKILL")
-            time.sleep(0.005)
+        kill_server(self.primary_dir)
         self.killed_at = time.monotonic()
         self.failed_over = True
         time.sleep(promote_after)
         self._pg_ctl(self.standby_dir, "promote")
-        deadline = time.monotonic() + 60
-        target = self.admin_dsn(self.standby_port, DATABASE)
-        while True:
-            with contextlib.suppress(psycopg.OperationalError), \
-                    psycopg.connect(target, autocommit=True) as conn:
-                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-                if row is not None and not row[0]:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError("the promoted standby does not accept writes")
-            time.sleep(0.02)
+        wait_for_writes(self.admin_dsn(self.standby_port, DATABASE))
 
     def stop(self) -> None:
         for data_dir in (self.primary_dir, self.standby_dir):
             if (data_dir / "postmaster.pid").exists():
                 with contextlib.suppress(subprocess.SubprocessError):
                     self._pg_ctl(data_dir, "-m", "immediate", "stop")
+
+
+def kill_server(data_dir: Path) -> None:
+    """SIGKILLs the postmaster of ``data_dir`` and every process of its server at once, as the
+    host's loss would (a backend outliving its postmaster answers its client until its next
+    wait); returns once they are gone."""
+    postmaster = psutil.Process(int((data_dir / "postmaster.pid").read_text().split()[0]))
+    processes = [postmaster, *postmaster.children()]
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    deadline = time.monotonic() + 10
+    while any(_running(process) for process in processes):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the primary's processes outlived SIGKILL")
+        time.sleep(0.005)
+
+
+def wait_for_writes(dsn: str) -> None:
+    """Returns once the server ``dsn`` names is out of recovery (a promoted standby)."""
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(psycopg.OperationalError), \
+                psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+            if row is not None and not row[0]:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the promoted standby does not accept writes")
+        time.sleep(0.02)
+
+
+def wait_for_sync(primary_dsn: str, name: str = STANDBY_NAME) -> None:
+    """Returns once the standby ``name`` streams from the primary as its synchronous one."""
+    deadline = time.monotonic() + 60
+    with psycopg.connect(primary_dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_replication"
+                " WHERE application_name = %s AND sync_state = 'sync'"
+                " AND state = 'streaming'", [name]).fetchone()
+            if row is not None and row[0] == 1:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not become a synchronous standby")
+            time.sleep(0.05)
 
 
 def _running(process: psutil.Process) -> bool:

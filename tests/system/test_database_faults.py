@@ -1,25 +1,34 @@
-"""Faults of the broker's PostgreSQL under a working deployment: the server crash-restarted
-(``pg_ctl restart -m immediate``, recovery from the WAL) or every session of the broker's
-database terminated, while a sensor is deferred on a queue, watchers work through a burst and
-a conversation timer is due. The broker's database is on a server of its own
-(``broker_server``), as docs/airflow.md recommends: no component of the deployment exits, and
-nothing is lost or done twice."""
+"""Faults of the broker's PostgreSQL under a working deployment, while a sensor is deferred on
+a queue, watchers work through a burst and a conversation timer is due: the server
+crash-restarted (``pg_ctl restart -m immediate``, recovery from the WAL), every session of the
+broker's database terminated, a failover to a synchronous standby promoted at the primary's
+address, and a crash of a server shared with Airflow's metadata under a supervisor. With the
+broker's database on a server of its own (``broker_server``), as docs/airflow.md recommends, no
+component of the deployment exits; on a shared server Airflow's daemons may, and are started
+again. Either way nothing is lost or done twice."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_broker import Broker
 from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.messages import DIALOG_TIMER, END_DIALOG
 from tests.fixtures.system import SystemDatabases
 from tests.support.airflow_api import AirflowApi
-from tests.support.deployment import Deployment
+from tests.support.deployment import BROKER_WORKER, Deployment
+from tests.support.embedded_standby import EmbeddedStandby
 from tests.support.helpers import terminate_sessions
 from tests.support.system_events import (
     CONFIRMATION,
@@ -34,6 +43,9 @@ BURST = 100
 ORDERS = 8
 # Due right after the fault begins: it falls into the outage or the recovery after it.
 TIMER_SECONDS = 2
+# How long the shared server stays down after its crash: long enough that Airflow's daemons
+# find their metadata database gone (a host rebooting, a server that recovers slowly).
+OUTAGE_SECONDS = 10
 # Airflow's shared-stream manager logs this when a producer's advance() raises, and ends the
 # watchers of the stream with it: a lost connection must be recovered in place instead.
 PRODUCER_FAILED = "Producer advance raised; terminating shared-stream group"
@@ -45,11 +57,41 @@ def started_at(dsn: str) -> object:
     return row[0] if row else None
 
 
-@pytest.fixture(params=["crash-restart", "terminated sessions"])
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    run: Callable[[], None]
+    # Airflow's metadata went too: its daemons may exit, and a supervisor starts them again.
+    shared: bool = False
+
+
+@contextmanager
+def metadata_refused(meta_dsn: str) -> Iterator[None]:
+    """Airflow's metadata database refusing every connection, its sessions ended: on a
+    server the tests do not own (AIRFLOW_BROKER_TEST_DSN), what its crash looks like to
+    Airflow's daemons."""
+    database = sql.Identifier(str(conninfo_to_dict(meta_dsn)["dbname"]))
+    with psycopg.connect(make_conninfo(meta_dsn, dbname="postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(database))
+        try:
+            terminate_sessions(meta_dsn)
+            yield
+        finally:
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(database))
+
+
+@pytest.fixture(params=["crash-restart", "terminated sessions", "failover",
+                        "shared server down"])
 def broker_fault(request: pytest.FixtureRequest, broker_server: EmbeddedPostgres,
-                 system_databases: SystemDatabases) -> Callable[[], None]:
-    """The broker's server restarted as after a crash, or every other session of the broker's
-    database ended with pg_terminate_backend (an administrator, a pooler)."""
+                 embedded_server: EmbeddedPostgres | None, system_databases: SystemDatabases,
+                 airflow_deployment: Deployment) -> Iterator[Fault]:
+    """The broker's server restarted as after a crash; every other session of the broker's
+    database ended with pg_terminate_backend (an administrator, a pooler); the broker's server
+    lost (SIGKILL) and its synchronous standby promoted in its place, at its address (a
+    failover behind a floating address); or one server
+    holding both Airflow's metadata and the broker's database crashed and down for
+    OUTAGE_SECONDS (the two servers of the system tier crashed and started again together, as
+    one would be), under a supervisor that starts Airflow's daemons again when they exit."""
     dsn = system_databases.broker_dsn
     if request.param == "crash-restart":
         def crash() -> None:
@@ -57,12 +99,39 @@ def broker_fault(request: pytest.FixtureRequest, broker_server: EmbeddedPostgres
             broker_server.restart("immediate")
             assert started_at(dsn) != before, "PostgreSQL did not restart"
 
-        return crash
+        yield Fault(request.param, crash)
+        return
+    if request.param == "terminated sessions":
+        def terminate() -> None:
+            assert terminate_sessions(dsn) > 0, "no session to terminate"
 
-    def terminate() -> None:
-        assert terminate_sessions(dsn) > 0, "no session to terminate"
+        yield Fault(request.param, terminate)
+        return
 
-    return terminate
+    if request.param == "failover":
+        standby = EmbeddedStandby(broker_server)
+        try:
+            standby.start()
+            yield Fault(request.param, standby.fail_over)
+        finally:
+            standby.close()
+        return
+
+    servers = [broker_server] if embedded_server is None else [broker_server, embedded_server]
+
+    def shared_server_down() -> None:
+        before = started_at(dsn)
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda server: server.shut_down("immediate"), servers))
+        with (metadata_refused(system_databases.meta_dsn) if embedded_server is None
+              else contextlib.nullcontext()):
+            time.sleep(OUTAGE_SECONDS)
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda server: server.start(), servers))
+        assert started_at(dsn) != before, "PostgreSQL did not restart"
+
+    with airflow_deployment.supervise():
+        yield Fault(request.param, shared_server_down, shared=True)
 
 
 def triggerer_log(deployment: Deployment) -> str:
@@ -113,12 +182,15 @@ def order_messages(dsn: str, handles: list[str]) -> dict[str, list[str]]:
     return found
 
 
-def test_a_fault_of_the_brokers_server_loses_duplicates_and_stops_nothing(
+def test_a_database_fault_under_the_deployment_loses_and_duplicates_nothing(
         airflow_api: AirflowApi, airflow_deployment: Deployment, events_app: Broker,
-        system_databases: SystemDatabases, broker_fault: Callable[[], None],
-        request: pytest.FixtureRequest) -> None:
+        system_databases: SystemDatabases, broker_fault: Fault) -> None:
+    """On a server of its own, a fault of the broker's server stops no process of the
+    deployment; on a server shared with Airflow's metadata, Airflow's daemons may exit and the
+    supervisor starts them again, while the broker's worker carries on. Either way every message
+    is processed once, in its conversation's order, and nothing is left behind."""
     dsn = system_databases.broker_dsn
-    fault_name = request.node.callspec.params["broker_fault"]
+    fault_name = broker_fault.name
     setup = airflow_api.run_dag("broker_orders_setup")
     assert setup["state"] == "success", airflow_api.run_report("broker_orders_setup",
                                                                setup["dag_run_id"])
@@ -149,7 +221,7 @@ def test_a_fault_of_the_brokers_server_loses_duplicates_and_stops_nothing(
     timer_handle = str(timed)
 
     faulted = time.monotonic()
-    broker_fault()
+    broker_fault.run()
     back = time.monotonic()
     # Sent once the server takes connections again: the watcher and the deferred sensor must
     # get them on their new connections.
@@ -177,14 +249,23 @@ def test_a_fault_of_the_brokers_server_loses_duplicates_and_stops_nothing(
         for line in reconnections(airflow_deployment, name, size):
             print(f"  {name}: {line}")
 
-    # No component of the deployment exited, and none had to be restarted.
+    components = airflow_deployment.components
+    restarted = {name: c.exits for name, c in components.items() if c.exits}
+    print(f"  started again by the supervisor after exiting: {restarted or 'none'}")
     assert airflow_deployment.dead() == []
-    assert all(c.starts == 1 for c in airflow_deployment.components.values())
-    # The watcher's stream lost its connection and got it back in place, not through a new
-    # shared-stream group.
-    assert any("broker stream on SystemBurstQueue" in line
-               for line in reconnections(airflow_deployment, "triggerer",
-                                         log_sizes["triggerer"]))
+    if broker_fault.shared:
+        # Airflow's daemons exit when their metadata is gone (the supervisor's business);
+        # the broker's worker, on the broker's connections only, recovers in place.
+        assert components[BROKER_WORKER].starts == 1
+    else:
+        # No component of the deployment exited, and none had to be restarted.
+        assert all(c.starts == 1 for c in components.values())
+    if components["triggerer"].starts == 1:
+        # The watcher's stream lost its connection and got it back in place, not through a
+        # new shared-stream group.
+        assert any("broker stream on SystemBurstQueue" in line
+                   for line in reconnections(airflow_deployment, "triggerer",
+                                             log_sizes["triggerer"]))
     assert triggerer_log(airflow_deployment).count(PRODUCER_FAILED) == producer_failures
 
     assert_exactly_once(airflow_api, airflow_deployment, dsn, "s_burst", handles, label)
