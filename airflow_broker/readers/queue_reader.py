@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import psycopg
+
 from airflow_broker._statements import runner_of
 from airflow_broker.broker import Broker
 from airflow_broker.callables import load_callable
@@ -41,6 +43,7 @@ from airflow_broker.poison import parking
 from airflow_broker.poison.quarantine import quarantine_message
 from airflow_broker.poison.strategies import Action, Failure, PoisonStrategy, get_strategy
 from airflow_broker.readers.runs import AttemptLog, ReaderStats
+from airflow_broker.reconnect import Outage, connection_lost
 from airflow_broker.transaction import Transaction
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,9 @@ log = logging.getLogger(__name__)
 # Failures a reader keeps to report (its attempt's summary, the task log); the quarantine table
 # keeps every quarantined message.
 KEPT_EVENTS = 20
+# How long a reader waits for the database to come back (a restart, a failover) before it
+# fails with the error that lost it, so that its Spark task (and then Airflow) retries instead.
+OUTAGE_LIMIT_SECONDS = 300.0
 
 
 class _RollbackBatch(Exception):
@@ -142,14 +148,22 @@ class QueueReader:
 
     def run(self) -> ReaderStats:
         """Reads until RECEIVE has found nothing for ``idle_exit`` seconds, or the queue is
-        disabled (a reader never spins on error 9617). The attempt log, if any, is told how
-        it ended: finished, or failed with the error (an attempt whose process dies says
-        nothing, and is reported lost once its reader runs again)."""
+        disabled (a reader never spins on error 9617). A lost connection (a restart, a
+        terminated session, a failover) is waited out in place for up to
+        OUTAGE_LIMIT_SECONDS, with airflow_broker.reconnect's policy: the batch in flight
+        rolls back and is received again. The attempt log, if any, is told how it ended:
+        finished, or failed with the error (an attempt whose process dies says nothing, and
+        is reported lost once its reader runs again)."""
         try:
             self._read()
         except Exception as exc:
             if self.attempt_log is not None:
-                self.attempt_log.fail(exc)
+                try:
+                    self.attempt_log.fail(exc)
+                except Exception as unrecorded:
+                    # The database that failed the reader may refuse the record too: the
+                    # reader's own error is the one to raise; this one is only noted.
+                    exc.add_note(f"the attempt's failure was not recorded: {unrecorded}")
             raise
         if self.attempt_log is not None:
             self.attempt_log.end("finished")
@@ -157,6 +171,8 @@ class QueueReader:
 
     def _read(self) -> None:
         idle_since = time.monotonic()
+        outage = Outage(f"reader of {self.config.queue_name}")
+        lost_since: float | None = None
         while time.monotonic() - idle_since < self.config.idle_exit:
             try:
                 got = self.run_batch()
@@ -166,6 +182,21 @@ class QueueReader:
                 log.error("queue %s is disabled, the reader stops: %s", self.config.queue_name,
                           exc)
                 break
+            except psycopg.OperationalError as exc:
+                # The batch's transaction died with its connection, so its messages are on the
+                # queue again; the next batch, on a new connection, receives them again.
+                if not connection_lost(exc):
+                    raise
+                if lost_since is None:
+                    lost_since = time.monotonic()
+                elif time.monotonic() - lost_since > OUTAGE_LIMIT_SECONDS:
+                    raise
+                outage.wait(exc)
+                # Time without a connection is not time with an empty queue.
+                idle_since = time.monotonic()
+                continue
+            outage.recovered()
+            lost_since = None
             if got:
                 idle_since = time.monotonic()
 
@@ -285,6 +316,10 @@ class QueueReader:
                 tb: str) -> bool:
         """Carries out the poison strategy's decision; False when the message was parked for a
         retry."""
+        if ctx.tx.conn.broken or ctx.tx.conn.closed:
+            # The reader's own connection is gone, not the message at fault: the batch goes
+            # back to the queue with its transaction, and _read() reconnects.
+            raise exc
         self.stats.failed += 1
         attempts = message.attempts + 1
         log.warning("message %s (%s #%s) failed on attempt %s: %s", message.message_id,

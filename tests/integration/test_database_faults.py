@@ -6,6 +6,7 @@ succeeds."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from airflow_broker import Broker, Message
 from airflow_broker.worker import BrokerWorker
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
+from tests.support.trading import booked, create_results, reader, send_trades
 
 
 def send(broker: Broker, body: str) -> uuid.UUID:
@@ -117,3 +119,30 @@ def test_the_worker_fires_a_due_timer_after_a_database_fault(
     finally:
         worker.stop()
         thread.join(timeout=60)
+
+
+def test_a_reader_goes_on_in_place_after_a_database_fault(
+        app: App, database_fault: Callable[[], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A queue reader (a Spark task's loop) in the middle of a drain when the database goes
+    away: the batch in flight rolls back with its transaction and is received again on a new
+    connection. The reader neither fails (before, the lost connection ended the Spark task)
+    nor blames a message, and every trade is booked once, in its conversation's order."""
+    create_results(app)
+    send_trades(app, 10, 40)
+    drain = reader(app, "tests.support.reader_handlers:book_trade_slowly", batch_size=10,
+                   idle_exit=3.0)
+    with ThreadPoolExecutor(1) as pool, caplog.at_level(logging.INFO):
+        running = pool.submit(drain.run)
+        wait_until(lambda: booked(app) >= 40, "the reader to book its first trades", 120)
+        database_fault()
+        stats = running.result(timeout=300)
+    assert booked(app) == 400
+    assert (stats.processed, stats.failed, stats.quarantined) == (400, 0, 0)
+    with app.broker.transaction() as tx:
+        sequences = tx.conn.execute(
+            "SELECT array_agg(sequence ORDER BY booked) FROM public.results"
+            " GROUP BY conversation_handle").fetchall()
+    assert all(row[0] == sorted(row[0]) for row in sequences)
+    assert any("reader of q_t reconnected to PostgreSQL" in r.getMessage()
+               for r in caplog.records)

@@ -14,14 +14,13 @@ from airflow_broker.worker import BrokerWorker
 from tests.support.brokers import App
 from tests.support.helpers import count
 from tests.support.quarantine import quarantined
-from tests.support.trading import booked, reader, send_trades
+from tests.support.trading import booked, create_results, reader, send_trades
 
 
 @pytest.fixture
 def trading(app: App) -> App:
+    create_results(app)
     with psycopg.connect(app.broker.dsn) as conn:
-        conn.execute("CREATE TABLE public.results (message_id uuid PRIMARY KEY,"
-                     " conversation_handle uuid, sequence bigint, trade text, pid integer)")
         conn.execute("CREATE TABLE public.handler_fixed (fixed boolean)")
         conn.execute("INSERT INTO public.handler_fixed VALUES (false)")
     return app

@@ -7,7 +7,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 
 from airflow_broker.errors import ObjectNotFound, RunIdInUse
@@ -17,15 +16,12 @@ from airflow_broker.readers.runs import AttemptLog, begin_run, finish_run, run_s
 from tests.support.brokers import App
 from tests.support.helpers import count
 from tests.support.reader_handlers import book_trade
-from tests.support.trading import booked, send_trades
+from tests.support.trading import booked, create_results, send_trades
 
 
 @pytest.fixture
 def trading(app: App) -> App:
-    with psycopg.connect(app.broker.dsn) as conn:
-        conn.execute("CREATE TABLE public.results (message_id uuid PRIMARY KEY,"
-                     " conversation_handle uuid, sequence bigint, trade text, pid integer)")
-    return app
+    return create_results(app)
 
 
 class ReaderKilled(BaseException):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -151,3 +152,27 @@ def test_a_killed_spark_reader_loses_nothing(trading: App) -> None:
     assert booked_before < good
     assert_exactly_once_in_order(trading, good)
     assert quarantined(trading.broker) == []
+
+
+@pytest.mark.slow
+def test_spark_readers_go_on_in_place_through_a_database_crash(
+        trading: App, restart_postgres: Callable[..., None]) -> None:
+    """PostgreSQL crash-restarted (``-m immediate``) under two Spark readers in the middle of
+    their drain. On local[2] a failed Spark task is not retried: the job succeeds only because
+    each reader rolled its batch back and went on, on a new connection."""
+    good = send_trades(trading, 40, 20, 10)
+    job = spark_submit(trading.broker.dsn, "--queue", "q_t",
+                       "--handler", "tests.support.reader_handlers:book_trade_slowly",
+                       "--readers", "2", "--batch-size", "20", "--idle-exit", "5",
+                       "--reply-message-type", "Resp")
+    deadline = time.monotonic() + 300
+    while count(trading.broker, "SELECT count(*) FROM public.results") < 100:
+        assert time.monotonic() < deadline and job.poll() is None, "the readers never started"
+        time.sleep(0.2)
+    restart_postgres("immediate")
+    output, _ = job.communicate(timeout=600)
+    assert job.returncode == 0, output[-3000:]
+    summary = summary_of(output)
+    assert (summary["received"], summary["processed"], summary["quarantined"]) == (good, good, 0)
+    assert_exactly_once_in_order(trading, good)
+    assert "reader of q_t reconnected to PostgreSQL" in output

@@ -31,6 +31,13 @@ def book_trade(message: Message, ctx: ReaderContext) -> str:
     return _book(message, ctx)
 
 
+def book_trade_slowly(message: Message, ctx: ReaderContext) -> str:
+    """book_trade taking 5 ms a message, so that a drain lasts long enough for a fault to
+    fall into it."""
+    time.sleep(0.005)
+    return _book(message, ctx)
+
+
 def book_trades(frame: Any, ctx: ReaderContext) -> list[object]:
     """The batch form: one result per row, an exception for a trade that cannot be booked."""
     results: list[object] = []

@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import uuid
 
+import psycopg
+
 from airflow_broker.readers.queue_reader import QueueReader, ReaderConfig
 from tests.support.brokers import App
 from tests.support.helpers import count
+
+
+def create_results(app: App) -> App:
+    """public.results, where the handlers book the trades (``booked``: in commit order)."""
+    with psycopg.connect(app.broker.dsn) as conn:
+        conn.execute("CREATE TABLE public.results (message_id uuid PRIMARY KEY,"
+                     " conversation_handle uuid, sequence bigint, trade text, pid integer,"
+                     " booked bigserial)")
+    return app
 
 
 def send_trades(app: App, conversations: int, per_conversation: int,
@@ -25,8 +36,9 @@ def send_trades(app: App, conversations: int, per_conversation: int,
 
 def reader(app: App, handler: str = "tests.support.reader_handlers:book_trade",
            **options: object) -> QueueReader:
-    config = ReaderConfig(queue_name="q_t", handler=handler, idle_exit=0.5,
-                          waitfor_timeout=0.2, reply_message_type="Resp", **options)  # type: ignore[arg-type]
+    options = {"idle_exit": 0.5, "waitfor_timeout": 0.2, **options}
+    config = ReaderConfig(queue_name="q_t", handler=handler, reply_message_type="Resp",
+                          **options)  # type: ignore[arg-type]
     return QueueReader(app.broker, config)
 
 
