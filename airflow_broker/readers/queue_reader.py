@@ -151,7 +151,10 @@ class QueueReader:
         disabled (a reader never spins on error 9617). A lost connection (a restart, a
         terminated session, a failover) is waited out in place for up to
         OUTAGE_LIMIT_SECONDS, with airflow_broker.reconnect's policy: the batch in flight
-        rolls back and is received again. The attempt log, if any, is told how it ended:
+        rolls back and is received again (without an attempt log, a batch whose COMMIT
+        answer was lost is not counted, though it may have committed; with one, the counts
+        are taken from the database after the outage). The attempt log, if any, is told how
+        it ended:
         finished, or failed with the error (an attempt whose process dies says nothing, and
         is reported lost once its reader runs again)."""
         try:
@@ -175,6 +178,10 @@ class QueueReader:
         lost_since: float | None = None
         while time.monotonic() - idle_since < self.config.idle_exit:
             try:
+                if lost_since is not None and self.attempt_log is not None:
+                    # A COMMIT whose answer was lost may have gone through: the counts are
+                    # what the database holds, not what this process believes.
+                    self.stats, self.events = self.attempt_log.committed()
                 got = self.run_batch()
             except _RollbackBatch:
                 got = True

@@ -80,6 +80,12 @@ class AttemptLog:
         with self.broker.transaction() as tx:
             self.progress(tx, stats, events)
 
+    def committed(self) -> tuple[ReaderStats, list[dict[str, Any]]]:
+        """The counts and failures this attempt has committed, as the database has them."""
+        with self.broker.transaction() as tx:
+            found = _call(tx, "reader_attempt_stats", self.key) or {}
+        return ReaderStats(**(found.get("stats") or {})), list(found.get("events") or [])
+
     def end(self, status: str, error: str | None = None) -> None:
         with self.broker.transaction() as tx:
             _call(tx, "reader_attempt_end", [*self.key, status, error])

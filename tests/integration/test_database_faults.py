@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from airflow_broker import Broker, Message
+from airflow_broker.readers import runs
+from airflow_broker.readers.runs import AttemptLog
 from airflow_broker.worker import BrokerWorker
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
@@ -130,8 +132,12 @@ def test_a_reader_goes_on_in_place_after_a_database_fault(
     nor blames a message, and every trade is booked once, in its conversation's order."""
     create_results(app)
     send_trades(app, 10, 40)
+    # As a Spark reader runs: its counts in the database, in the transactions they count.
+    run_id = uuid.uuid4()
+    runs.begin_run(app.broker, run_id, "q_t", {})
     drain = reader(app, "tests.support.reader_handlers:book_trade_slowly", batch_size=10,
                    idle_exit=3.0)
+    drain.attempt_log = AttemptLog(app.broker, run_id, 0, 0)
     with ThreadPoolExecutor(1) as pool, caplog.at_level(logging.INFO):
         running = pool.submit(drain.run)
         wait_until(lambda: booked(app) >= 40, "the reader to book its first trades", 120)
@@ -139,6 +145,9 @@ def test_a_reader_goes_on_in_place_after_a_database_fault(
         stats = running.result(timeout=300)
     assert booked(app) == 400
     assert (stats.processed, stats.failed, stats.quarantined) == (400, 0, 0)
+    summary = runs.run_summary(app.broker, run_id)
+    assert (summary["received"], summary["processed"], summary["failed_readers"]) == (
+        400, 400, [])
     with app.broker.transaction() as tx:
         sequences = tx.conn.execute(
             "SELECT array_agg(sequence ORDER BY booked) FROM public.results"

@@ -3,7 +3,7 @@
 Airflow's scheduler as users run them: ActivatedReaderOperator with its default settings ships
 the engine, the handler and the DSN itself. Exactly once, in order per conversation, the
 poisoned messages quarantined, and the summary in XCom equal to the database, also when an
-executor is SIGKILLed in the middle of the queue."""
+executor is SIGKILLed in the middle of the queue, and when the broker's server crashes there."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from airflow_broker import Broker
+from airflow_broker.embedded import EmbeddedPostgres
 from airflow_broker.spark.shipping import base_interpreter
 from tests.fixtures.system import SystemDatabases
 from tests.support import roles
@@ -160,3 +161,32 @@ def test_executor_sigkill_mid_drain_loses_and_duplicates_nothing(
     # The killed executor's reader ran again; what it had committed is still counted.
     assert summary["task_retries"] >= 1
     assert any(a["status"] == "lost" for a in summary["per_attempt"])
+
+
+def test_a_crash_of_the_brokers_server_mid_drain_fails_no_reader(
+        airflow_api: AirflowApi, airflow_deployment: Deployment, broker_server: EmbeddedPostgres,
+        system_databases: SystemDatabases, trades: dict[str, Any]) -> None:
+    """The broker's server crash-restarted (``-m immediate``) while the cluster's readers are
+    in the middle of the queue: each reader's batch in flight rolls back and the reader goes on
+    on a new connection, so no Spark task fails or runs again, and the counts are the
+    committed work."""
+    dsn = system_databases.broker_dsn
+    started = rows(dsn, "SELECT broker.utc_now()")[0][0]
+    run_id = airflow_api.trigger(DAG_ID)
+
+    def received() -> int:
+        return int(rows(dsn, "SELECT coalesce(sum((stats->>'received')::int), 0)"
+                             " FROM broker.reader_attempts WHERE started_at >= %s",
+                        [started])[0][0])
+
+    airflow_deployment.wait_for(lambda: received() >= 1000, "a third of the queue received",
+                                interval=0.2)
+    crashed_at = received()
+    broker_server.restart("immediate")
+    run = airflow_api.wait_for_run(DAG_ID, run_id)
+    assert run["state"] == "success", airflow_api.run_report(DAG_ID, run_id)
+    summary = airflow_api.xcom(DAG_ID, run_id, "read")
+    assert crashed_at < CONVERSATIONS * PER_CONVERSATION
+    check_drained(dsn, summary, trades)
+    assert summary["task_retries"] == 0
+    assert [a["status"] for a in summary["per_attempt"]] == ["finished", "finished"]

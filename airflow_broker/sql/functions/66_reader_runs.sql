@@ -75,6 +75,16 @@ RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$
      WHERE run_id = p_run_id AND reader = p_reader AND attempt = p_attempt;
 $$;
 
+-- What an attempt has committed so far: a reader whose connection broke during a COMMIT cannot
+-- tell whether its last batch committed, and takes its counts from here.
+CREATE OR REPLACE FUNCTION reader_attempt_stats(p_run_id uuid, p_reader integer,
+                                                p_attempt integer)
+RETURNS jsonb LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT require_run(p_run_id);
+    SELECT jsonb_build_object('stats', stats, 'events', events) FROM reader_attempts
+     WHERE run_id = p_run_id AND reader = p_reader AND attempt = p_attempt;
+$$;
+
 CREATE OR REPLACE FUNCTION reader_attempt_end(p_run_id uuid, p_reader integer,
                                               p_attempt integer, p_status text, p_error text)
 RETURNS void LANGUAGE sql SET search_path FROM CURRENT AS $$

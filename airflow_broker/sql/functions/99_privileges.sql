@@ -31,7 +31,7 @@ BEGIN
                    'quarantine_message', 'parked_conversations', 'parked_messages',
                    'settle_parked', 'reader_run_begin', 'reader_run_summary',
                    'reader_run_finish', 'reader_attempt_begin', 'reader_attempt_progress',
-                   'reader_attempt_end', 'activation_ended',
+                   'reader_attempt_stats', 'reader_attempt_end', 'activation_ended',
                    -- The Airflow provider's inbox, for readers of the consumers' queues.
                    'airflow_queue_state', 'airflow_peek', 'airflow_claim', 'airflow_claimed',
                    'airflow_fetch', 'airflow_awaiting_ack', 'airflow_take_over',
