@@ -131,7 +131,7 @@ def test_a_reader_goes_on_in_place_after_a_database_fault(
     connection. The reader neither fails (before, the lost connection ended the Spark task)
     nor blames a message, and every trade is booked once, in its conversation's order."""
     create_results(app)
-    send_trades(app, 10, 40)
+    send_trades(app, 10, 60)
     # As a Spark reader runs: its counts in the database, in the transactions they count.
     run_id = uuid.uuid4()
     runs.begin_run(app.broker, run_id, "q_t", {})
@@ -143,11 +143,11 @@ def test_a_reader_goes_on_in_place_after_a_database_fault(
         wait_until(lambda: booked(app) >= 40, "the reader to book its first trades", 120)
         database_fault()
         stats = running.result(timeout=300)
-    assert booked(app) == 400
-    assert (stats.processed, stats.failed, stats.quarantined) == (400, 0, 0)
+    assert booked(app) == 600
+    assert (stats.processed, stats.failed, stats.quarantined) == (600, 0, 0)
     summary = runs.run_summary(app.broker, run_id)
     assert (summary["received"], summary["processed"], summary["failed_readers"]) == (
-        400, 400, [])
+        600, 600, [])
     with app.broker.transaction() as tx:
         sequences = tx.conn.execute(
             "SELECT array_agg(sequence ORDER BY booked) FROM public.results"

@@ -160,7 +160,7 @@ def test_spark_readers_go_on_in_place_through_a_database_crash(
     """PostgreSQL crash-restarted (``-m immediate``) under two Spark readers in the middle of
     their drain. On local[2] a failed Spark task is not retried: the job succeeds only because
     each reader rolled its batch back and went on, on a new connection."""
-    good = send_trades(trading, 40, 20, 10)
+    good = send_trades(trading, 40, 30, 10)
     job = spark_submit(trading.broker.dsn, "--queue", "q_t",
                        "--handler", "tests.support.reader_handlers:book_trade_slowly",
                        "--readers", "2", "--batch-size", "20", "--idle-exit", "5",
