@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -136,20 +136,28 @@ def test_readers_drain_3000_messages_on_the_cluster(
     assert f"reader run {summary['run_id']}: 2 reader(s)" in log
 
 
-def test_executor_sigkill_mid_drain_loses_and_duplicates_nothing(
-        airflow_api: AirflowApi, airflow_deployment: Deployment, spark_cluster: SparkCluster,
-        system_databases: SystemDatabases, trades: dict[str, Any]) -> None:
-    dsn = system_databases.broker_dsn
+def a_third_received(api: AirflowApi, deployment: Deployment,
+                     dsn: str) -> tuple[str, Callable[[], int]]:
+    """Triggers a run of the readers and returns once a third of the queue is received: its
+    run id, and how many messages its readers have received (committed) so far."""
     started = rows(dsn, "SELECT broker.utc_now()")[0][0]
-    run_id = airflow_api.trigger(DAG_ID)
+    run_id = api.trigger(DAG_ID)
 
     def received() -> int:
         return int(rows(dsn, "SELECT coalesce(sum((stats->>'received')::int), 0)"
                              " FROM broker.reader_attempts WHERE started_at >= %s",
                         [started])[0][0])
 
-    airflow_deployment.wait_for(lambda: received() >= 1000, "a third of the queue received",
-                                interval=0.2)
+    deployment.wait_for(lambda: received() >= 1000, "a third of the queue received",
+                        interval=0.2)
+    return run_id, received
+
+
+def test_executor_sigkill_mid_drain_loses_and_duplicates_nothing(
+        airflow_api: AirflowApi, airflow_deployment: Deployment, spark_cluster: SparkCluster,
+        system_databases: SystemDatabases, trades: dict[str, Any]) -> None:
+    dsn = system_databases.broker_dsn
+    run_id, received = a_third_received(airflow_api, airflow_deployment, dsn)
     (victim, *_) = spark_cluster.executors()
     victim.kill()
     killed_at = received()
@@ -171,16 +179,7 @@ def test_a_crash_of_the_brokers_server_mid_drain_fails_no_reader(
     on a new connection, so no Spark task fails or runs again, and the counts are the
     committed work."""
     dsn = system_databases.broker_dsn
-    started = rows(dsn, "SELECT broker.utc_now()")[0][0]
-    run_id = airflow_api.trigger(DAG_ID)
-
-    def received() -> int:
-        return int(rows(dsn, "SELECT coalesce(sum((stats->>'received')::int), 0)"
-                             " FROM broker.reader_attempts WHERE started_at >= %s",
-                        [started])[0][0])
-
-    airflow_deployment.wait_for(lambda: received() >= 1000, "a third of the queue received",
-                                interval=0.2)
+    run_id, received = a_third_received(airflow_api, airflow_deployment, dsn)
     crashed_at = received()
     broker_server.restart("immediate")
     run = airflow_api.wait_for_run(DAG_ID, run_id)
