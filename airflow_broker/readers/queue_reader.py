@@ -154,9 +154,8 @@ class QueueReader:
         rolls back and is received again (without an attempt log, a batch whose COMMIT
         answer was lost is not counted, though it may have committed; with one, the counts
         are taken from the database after the outage). The attempt log, if any, is told how
-        it ended:
-        finished, or failed with the error (an attempt whose process dies says nothing, and
-        is reported lost once its reader runs again)."""
+        it ended: finished, or failed with the error (an attempt whose process dies says
+        nothing, and is reported lost once its reader runs again)."""
         try:
             self._read()
         except Exception as exc:
