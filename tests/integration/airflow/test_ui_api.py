@@ -1052,3 +1052,12 @@ def test_a_conversation_to_a_far_broker_shows_what_waits_to_be_sent_and_why(
                for m in page["messages"])
     # The route's address carries a password: the page never shows it.
     assert "s3cret-pass" not in str(page)
+
+
+def test_ui_permissions_under_another_auth_manager_says_there_is_nothing_to_create(
+        airflow_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_broker.cli import main
+
+    assert main(["ui-permissions"]) == 0
+    said = capsys.readouterr().out
+    assert "SimpleAuthManager, not FAB's: it keeps no list of resources" in said
