@@ -57,6 +57,23 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ui_permissions(args: argparse.Namespace) -> int:
+    from airflow_broker.ui.fab import NotFab, register_resources
+
+    try:
+        done = register_resources()
+    except NotFab as other:
+        print(f"the auth manager is {other}, not FAB's: it keeps no list of resources, and "
+              "the broker's pages ask it about theirs by name (docs/ui.md)")
+        return 0
+    for action, resource in done.created:
+        print(f"created {action} on {resource!r}, given to {done.admin_role}")
+    if done.existing:
+        print(f"{len(done.existing)} of the broker's permissions were there already "
+              f"(given to {done.admin_role})")
+    return 0
+
+
 def _cleanup(args: argparse.Namespace) -> int:
     from airflow_broker.admin.cleanup import cleanup_leaked_endpoints
 
@@ -231,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--until-done", action="store_true",
                       help="with --ui: stop when the demo's DAG run has finished")
     demo.set_defaults(run=_demo)
+
+    ui_permissions = commands.add_parser(
+        "ui-permissions",
+        help="under Airflow's FAB auth manager: create the resources of the broker's pages "
+             "(Broker, Broker Queues, ...) with can_read and can_create, given to Admin, so "
+             "that `airflow roles add-perms` can grant them to other roles; run where Airflow's "
+             "configuration is")
+    ui_permissions.set_defaults(run=_ui_permissions)
 
     server = commands.add_parser(
         "server", help="the embedded PostgreSQL: start it (and keep it running), print its "

@@ -27,6 +27,13 @@ CONVERSATIONS = "Broker Conversations"
 TRANSMISSION = "Broker Transmission"
 
 Method = Literal["GET", "POST"]
+# Every method and resource the pages ask the auth manager about: what an auth manager that
+# keeps a list of resources (FAB's) must know of (fab.py).
+ASKED: tuple[tuple[Method, str], ...] = (
+    ("GET", BROKER), ("GET", BODIES), ("GET", QUARANTINE), ("GET", CONVERSATIONS),
+    ("GET", TRANSMISSION), ("POST", QUEUES), ("POST", QUARANTINE), ("POST", CONVERSATIONS),
+    ("POST", TRANSMISSION),
+)
 # SimpleAuthManager's roles, lowest first; a write needs OP or above under it.
 SIMPLE_ROLES = ("VIEWER", "USER", "OP", "ADMIN")
 SIMPLE_WRITE_ROLE = "OP"

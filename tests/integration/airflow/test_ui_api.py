@@ -109,6 +109,19 @@ class TaskInstancesWithheld(SimpleAuthManager):
                                       details=details))
 
 
+RECORDED: set[tuple[str, str]] = set()
+
+
+class Recording(SimpleAuthManager):
+    """SimpleAuthManager, noting every custom view it is asked about."""
+
+    def is_authorized_custom_view(self, *, method: Any, resource_name: str,
+                                  user: SimpleAuthManagerUser) -> bool:
+        RECORDED.add((method, resource_name))
+        return bool(super().is_authorized_custom_view(method=method,
+                                                      resource_name=resource_name, user=user))
+
+
 @contextmanager
 def auth_manager(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[None]:
     """Airflow's app with an auth manager of this module (before the ``ui`` fixture makes
@@ -165,6 +178,43 @@ def audit_events(event: str) -> list[tuple[str | None, str]]:
     with create_session() as session:
         return [(row.owner, row.event) for row in session.scalars(
             select(Log).where(Log.event == event))]
+
+
+def test_the_pages_ask_the_auth_manager_about_what_fab_is_given(
+        monkeypatch: pytest.MonkeyPatch, airflow_db: Path, broker_conn: str,
+        poisoned: PoisonedQueue) -> None:
+    """Every route, called by an admin, asks about exactly the methods and resources of
+    access.ASKED: what `airflow-broker ui-permissions` creates in FAB's tables (fab.py), so
+    that no page needs a permission FAB cannot grant."""
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+    from fastapi.routing import APIRoute
+    from sqlalchemy import delete, func, select
+
+    from airflow_broker.ui import access, api
+
+    values = {"queue_name": QUEUE, "handle": str(uuid.uuid4()), "dag_id": TAB_DAG}
+    with create_session() as session:
+        last_audit_event = session.scalar(select(func.max(Log.id))) or 0
+    RECORDED.clear()
+    with auth_manager(monkeypatch, "Recording"), TestClient(api.app) as client:
+        ui = Ui(client)
+        called = 0
+        for route in api.app.routes:
+            if not isinstance(route, APIRoute) or not route.path.startswith("/api/"):
+                continue
+            path = route.path.format(**{name: values[name] for name in route.param_convertors})
+            for method in route.methods:
+                response = (ui.get(path, "admin") if method == "GET"
+                            else ui.post(path, {}, "admin"))
+                assert response.status_code not in (401, 403), (method, path, response.text)
+                called += 1
+    api.close_brokers()
+    # Its writes are audited; the audit log is the session's, and later tests count theirs.
+    with create_session() as session:
+        session.execute(delete(Log).where(Log.id > last_audit_event))
+    assert called >= 18
+    assert sorted(RECORDED) == sorted(access.ASKED)
 
 
 def test_anonymous_callers_are_refused_everywhere(ui: Ui, poisoned: PoisonedQueue) -> None:
@@ -1002,3 +1052,12 @@ def test_a_conversation_to_a_far_broker_shows_what_waits_to_be_sent_and_why(
                for m in page["messages"])
     # The route's address carries a password: the page never shows it.
     assert "s3cret-pass" not in str(page)
+
+
+def test_ui_permissions_under_another_auth_manager_says_there_is_nothing_to_create(
+        airflow_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_broker.cli import main
+
+    assert main(["ui-permissions"]) == 0
+    said = capsys.readouterr().out
+    assert "SimpleAuthManager, not FAB's: it keeps no list of resources" in said
