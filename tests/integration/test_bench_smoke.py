@@ -21,7 +21,15 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench import Options, PgmqUnavailable, dialog_cost, jit_cost, permission_cost, run
+from bench import (
+    Options,
+    PgmqUnavailable,
+    commit_cost,
+    dialog_cost,
+    jit_cost,
+    permission_cost,
+    run,
+)
 from bench.cross_db import far_database_name
 from bench.scenario import SCENARIOS, Env
 from bench.spark_readers import drain, missing_requirements
@@ -131,6 +139,18 @@ def test_permission_cost_measures_before_and_after_side_by_side(bench_dsn: str) 
                             " UNION ALL SELECT rolname FROM pg_roles"
                             " WHERE rolname = 'bench_application'").fetchall()
     assert left == []
+
+
+def test_commit_cost_reports_ours_and_bare_after_a_pause_and_in_a_loop(bench_dsn: str) -> None:
+    report = commit_cost.run(Options(rounds=1, dsn=bench_dsn), commits=5)
+    rows = [line.split("|")[1:5] for line in report.splitlines()
+            if line.startswith("| ") and line.rstrip().endswith("x |")]
+    assert [name.strip() for name, *_ in rows] == [
+        "bare INSERT, after a pause", "ours SEND, after a pause",
+        "bare INSERT, tight loop", "ours SEND, tight loop"]
+    for _, p50, p90, ratio in rows:
+        assert 0 < float(p50) <= float(p90)
+        assert float(ratio.strip().rstrip("x")) > 0
 
 
 def test_dialog_cost_reports_each_step_plain_pipelined_and_floor_and_pgmq(
