@@ -24,6 +24,7 @@ from psycopg.conninfo import make_conninfo
 from bench import (
     Options,
     PgmqUnavailable,
+    client_cost,
     commit_cost,
     dialog_cost,
     jit_cost,
@@ -151,6 +152,21 @@ def test_commit_cost_reports_ours_and_bare_after_a_pause_and_in_a_loop(bench_dsn
     for _, p50, p90, ratio in rows:
         assert 0 < float(p50) <= float(p90)
         assert float(ratio.strip().rstrip("x")) > 0
+
+
+def test_client_cost_reports_ours_and_plain_psycopg_side_by_side(bench_dsn: str) -> None:
+    report = client_cost.run(Options(rounds=1, dsn=bench_dsn), transactions=20)
+    rows = [line.split("|")[1:5] for line in report.splitlines()
+            if line.startswith("| ") and line.rstrip().endswith("x |")]
+    assert [name.split(":")[0].strip() for name, *_ in rows] == ["ours", "plain psycopg"]
+    for _, cpu, _, ratio in rows:
+        assert float(cpu.replace(",", "")) > 0
+        assert float(ratio.strip().rstrip("x")) > 0
+    assert rows[1][3].strip() == "1.00x"
+    with psycopg.connect(bench_dsn) as conn:
+        sent = conn.execute("SELECT count(*) FROM broker.queue_messages").fetchone()
+    # The warm-up and the round of each side, every one a message on the queue.
+    assert sent == (2 * (20 + 2),)
 
 
 def test_dialog_cost_reports_each_step_plain_pipelined_and_floor_and_pgmq(
