@@ -23,14 +23,14 @@ import psycopg
 
 from airflow_broker import Broker
 from airflow_broker.migrations import install
+from bench import ours_setup
 from bench.harness import database, durable
+from bench.ours_ops import MESSAGE_TYPE
 from bench.report import median
+from bench.rounds import rotated
 from bench.scenario import Options
 
 BODY = b"x" * 100
-MESSAGE_TYPE = "ClientCostMessage"
-SEND = (b"SELECT * FROM broker.send(%s::uuid[], %s::text, %s::bytea, %s::boolean, %s::text,"
-        b" %s::text)")
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,9 @@ class Variant:
 
 def _variants(dsn: str) -> tuple[list[Variant], Callable[[], None]]:
     broker = Broker(dsn)
-    with broker.transaction() as tx:
-        tx.create_message_type(MESSAGE_TYPE)
-        tx.create_contract("ClientCostContract", {MESSAGE_TYPE: "ANY"})
-        tx.create_queue("ClientCostQueue")
-        tx.create_service("ClientCostService", "ClientCostQueue", ["ClientCostContract"])
-    with broker.transaction() as tx:
-        handle = tx.begin_dialog("ClientCostService", "ClientCostService", "ClientCostContract")
+    handle = ours_setup.send_dialog(broker)
+    # The statement tx.send() renders: the call of send() with its casts.
+    send = broker.queries.call("send", 6, ["uuid[]", "text", "bytea", "boolean", "text", "text"])
     conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0)
     params: list[object] = [[handle], MESSAGE_TYPE, BODY, False, None, None]
 
@@ -58,7 +54,7 @@ def _variants(dsn: str) -> tuple[list[Variant], Callable[[], None]]:
     def plain() -> None:
         with conn.pipeline():
             conn.execute(b"BEGIN")
-            conn.execute(SEND, params)
+            conn.execute(send, params)
         conn.execute(b"COMMIT")
 
     def close() -> None:
@@ -86,7 +82,7 @@ def run(options: Options, transactions: int) -> str:
             for variant in variants:
                 measure(variant, max(1, transactions // 10))  # warm: prepared, pooled
             for r in range(options.rounds):
-                for variant in variants[r % 2:] + variants[:r % 2]:
+                for variant in rotated(variants, r):
                     results.setdefault(variant.name, []).append(measure(variant, transactions))
                     print(f"round {r + 1}: {variant.name}: {results[variant.name][-1]:,.0f} µs"
                           " of client CPU per transaction", file=sys.stderr)

@@ -24,8 +24,11 @@ import psycopg
 
 from airflow_broker import Broker
 from airflow_broker.migrations import install
+from bench import ours_setup
 from bench.harness import database, durable
+from bench.ours_ops import MESSAGE_TYPE
 from bench.report import median, percentile
+from bench.rounds import rotated
 from bench.scenario import Options
 
 BODY = b"x" * 100
@@ -44,19 +47,13 @@ class Variant:
 
 def _variants(dsn: str) -> tuple[list[Variant], Callable[[], None]]:
     broker = Broker(dsn)
-    with broker.transaction() as tx:
-        tx.create_message_type("CommitCostMessage")
-        tx.create_contract("CommitCostContract", {"CommitCostMessage": "ANY"})
-        tx.create_queue("CommitCostQueue")
-        tx.create_service("CommitCostService", "CommitCostQueue", ["CommitCostContract"])
-    with broker.transaction() as tx:
-        handle = tx.begin_dialog("CommitCostService", "CommitCostService", "CommitCostContract")
+    handle = ours_setup.send_dialog(broker)
     conn = psycopg.connect(dsn, autocommit=True)
     conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (payload bytea NOT NULL)")
 
     def ours() -> float:
         with broker.transaction() as tx:
-            tx.send(handle, "CommitCostMessage", BODY)
+            tx.send(handle, MESSAGE_TYPE, BODY)
             issued = time.perf_counter()
         return time.perf_counter() - issued
 
@@ -95,7 +92,7 @@ def run(options: Options, commits: int) -> str:
         try:
             for r in range(options.rounds):
                 # Each round starts with another variant, so none always runs first.
-                for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
+                for variant in rotated(variants, r):
                     results.setdefault(variant.name, []).append(measure(variant, commits, rng))
                     p50, p90 = results[variant.name][-1]
                     print(f"round {r + 1}: {variant.name}: COMMIT p50 {p50:.3f} ms,"

@@ -117,6 +117,14 @@ def setup_catalog(broker: Broker) -> Catalog:
         )
 
 
+def send_dialog(broker: Broker) -> uuid.UUID:
+    """The benchmark's catalogue, and one dialog to its SEND target with nothing sent yet."""
+    target = setup_catalog(broker).targets["send"]
+    with broker.transaction() as tx:
+        handle: uuid.UUID = tx.begin_dialog(INITIATOR_SERVICE, target.service, CONTRACT)
+    return handle
+
+
 def begin_dialogs(broker: Broker, target: Target, count: int) -> list[uuid.UUID]:
     """Open dialogs through the API, each with a first SEND so its target endpoint exists and
     later SENDs take the steady-state path."""

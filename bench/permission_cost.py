@@ -34,6 +34,7 @@ from airflow_broker.migrations import SqlFile, apply_file, install
 from airflow_broker.queries import Queries
 from bench.harness import database, durable
 from bench.report import median
+from bench.rounds import rotated
 from bench.scenario import Options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,7 +219,7 @@ def run(options: Options, before: str) -> str:
     with prepared(options, before) as variants:
         for r in range(options.rounds):
             # Each round starts with another variant, so none always runs on a warmer cache.
-            for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
+            for variant in rotated(variants, r):
                 results.setdefault(variant.name, []).append(measure(variant, options.seconds))
                 print(f"round {r + 1}: {variant.name}: SEND {results[variant.name][-1][0]:,.0f}"
                       f" msg/s, RECEIVE {results[variant.name][-1][1]:,.0f} msg/s",

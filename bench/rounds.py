@@ -6,10 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from bench.ops import OpParams
 from bench.scenario import Env
 from bench.workers import Measurement
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], round_number: int) -> list[T]:
+    """``items`` starting at another one each round, for the side-by-side tools that run each
+    variant once per round in one process: none always runs first, on a colder or warmer
+    machine."""
+    start = round_number % len(items)
+    return [*items[start:], *items[:start]]
+
 
 # A throughput loop stops after its time or this many transactions, whichever comes first.
 MAX_TRANSACTIONS_PER_SECOND = 100_000

@@ -18,7 +18,6 @@ from airflow_broker.ui import access
 
 # FAB's names for the methods the pages ask with (its map of methods to actions).
 ACTIONS = {"GET": "can_read", "POST": "can_create"}
-FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 
 
 class NotFab(LookupError):
@@ -32,7 +31,7 @@ class Registered:
     existing: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _fab_is_configured() -> str:
+def _fab_is_configured() -> None:
     from airflow.api_fastapi.app import get_auth_manager_cls
 
     configured = get_auth_manager_cls()
@@ -43,7 +42,6 @@ def _fab_is_configured() -> str:
         raise NotFab(name) from None
     if not issubclass(configured, FabAuthManager):
         raise NotFab(name)
-    return name
 
 
 def register_resources() -> Registered:
