@@ -27,6 +27,7 @@ from airflow_broker.triggers._connections import (
     AsyncConn,
     QueueListener,
     queue_state,
+    stop_if_cancelled,
     trigger_event,
 )
 
@@ -184,6 +185,7 @@ class BrokerStreamProducer(SharedStreamProducer):
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         check_orphans = True
         while True:
+            stop_if_cancelled()
             try:
                 if self._conn is None:
                     await self._connect()
