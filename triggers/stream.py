@@ -153,6 +153,7 @@ class BrokerStreamProducer(SharedStreamProducer):
         parsed before the setup ran): it waits for the queue rather than failing."""
         waiting = False
         while True:
+            stop_if_cancelled()
             try:
                 return await queue_state(conn, self._schema, self.queue_name)
             except psycopg.Error as exc:
