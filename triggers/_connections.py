@@ -4,6 +4,7 @@ event loop, and WAITFOR's registration as the engine does it (:mod:`airflow_brok
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import logging
@@ -28,6 +29,20 @@ log = logging.getLogger(__name__)
 def trigger_event(payload: Any) -> TriggerEvent:
     """A TriggerEvent (its constructor is not annotated)."""
     return TriggerEvent(payload)  # type: ignore[no-untyped-call]
+
+
+def stop_if_cancelled() -> None:
+    """Raises the cancellation a wait below this task lost.
+
+    psycopg up to 3.3.5 waits on its socket with ``asyncio.wait_for()``, which on Python 3.11
+    returns the inner result, and drops the CancelledError, when the cancellation arrives as
+    the socket becomes ready. The task stays marked as cancelling, so the loops of the
+    triggers and the stream call this once a round: a cancelled watcher stops within one poll
+    instead of running on until its next event.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def utcnow() -> dt.datetime:
@@ -64,9 +79,11 @@ class QueueListener:
 
     async def wait(self, timeout: float) -> bool:
         """Waits up to ``timeout`` seconds for a notification; True when one came."""
+        woken = False
         async for _ in self.conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
-            return True
-        return False
+            woken = True
+        stop_if_cancelled()
+        return woken
 
     async def close(self) -> None:
         if self._waiters and not self.conn.closed:

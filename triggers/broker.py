@@ -30,6 +30,7 @@ from airflow_broker.triggers._connections import (
     error_text,
     peek,
     queue_state,
+    stop_if_cancelled,
     trigger_event,
     utcnow,
 )
@@ -148,6 +149,7 @@ class WaitForReceiveTrigger(BaseTrigger):
                         await listener.wait_on_queue(int(state["queue_id"]))
                         outage.recovered()
                         while True:
+                            stop_if_cancelled()
                             state = await queue_state(conn, info.schema, self.watched_queue())
                             if not state["is_receive_enabled"]:
                                 disabled_at = state["disabled_at"]

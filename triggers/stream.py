@@ -27,6 +27,7 @@ from airflow_broker.triggers._connections import (
     AsyncConn,
     QueueListener,
     queue_state,
+    stop_if_cancelled,
     trigger_event,
 )
 
@@ -152,6 +153,7 @@ class BrokerStreamProducer(SharedStreamProducer):
         parsed before the setup ran): it waits for the queue rather than failing."""
         waiting = False
         while True:
+            stop_if_cancelled()
             try:
                 return await queue_state(conn, self._schema, self.queue_name)
             except psycopg.Error as exc:
@@ -184,6 +186,7 @@ class BrokerStreamProducer(SharedStreamProducer):
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         check_orphans = True
         while True:
+            stop_if_cancelled()
             try:
                 if self._conn is None:
                     await self._connect()

@@ -5,6 +5,7 @@ reconnects), and the AssetWatcher stream's acknowledgement protocol."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import uuid
 from collections.abc import AsyncGenerator, Iterator
@@ -433,6 +434,69 @@ def test_standalone_run_keeps_delivered_messages(app: App, broker_conn: str) -> 
 
     asyncio.run(scenario())
     assert [state for _, state in inbox(broker_conn)] == ["delivered"]
+
+
+async def lose_a_cancellation(entered: asyncio.Event) -> None:
+    """A wait that drops the cancellation it gets, as ``asyncio.wait_for()`` in psycopg's
+    socket waits (up to 3.3.5) does on Python 3.11 when the socket becomes ready as the
+    cancellation arrives."""
+    entered.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(3600)
+
+
+async def cancelled_in_a_lost_wait(awaitable: Any, entered: asyncio.Event) -> str:
+    """Cancels the task running ``awaitable`` inside the wait that loses it; what became of the
+    task at most 30 s later (a poll takes 0.2 s)."""
+    task = asyncio.ensure_future(awaitable)
+    await entered.wait()
+    task.cancel()
+    await asyncio.wait({task}, timeout=30)
+    if not task.done():
+        task.cancel()  # cancelled again, outside the wait that lost the first
+        await asyncio.gather(task, return_exceptions=True)
+        return "still running 30 s after its cancellation"
+    return "cancelled" if task.cancelled() else f"ended with {task.result()!r}"
+
+
+def test_a_stream_whose_cancellation_a_wait_lost_stops_at_its_next_poll(
+        app: App, broker_conn: str) -> None:
+    """Without the check, the stream would poll on until a message arrived and hand it out to
+    a watcher that was cancelled."""
+    entered = asyncio.Event()
+
+    class LosingClaim(BrokerStreamProducer):
+        async def _claim(self, top: int) -> list[dict[str, Any]]:
+            if not entered.is_set():
+                await lose_a_cancellation(entered)
+            return await super()._claim(top)
+
+    async def scenario() -> str:
+        stream = LosingClaim({"queue_name": "q_t", "poll_interval": 0.2})
+        events = stream_of(stream)
+        try:
+            return await cancelled_in_a_lost_wait(anext(events), entered)
+        finally:
+            await events.aclose()
+            await stream.aclose()
+
+    assert asyncio.run(scenario()) == "cancelled"
+    assert waiters(broker_conn, "q_t") == 0
+
+
+def test_a_waitfor_whose_cancellation_a_wait_lost_stops_at_its_next_poll(
+        app: App, broker_conn: str) -> None:
+    entered = asyncio.Event()
+
+    class LosingCheck(WaitForReceiveTrigger):
+        async def check(self, conn: Any, schema: str) -> dict[str, Any] | None:
+            if not entered.is_set():
+                await lose_a_cancellation(entered)
+            return await super().check(conn, schema)
+
+    trigger = LosingCheck(queue_name="q_t", poll_interval=0.2)
+    assert asyncio.run(cancelled_in_a_lost_wait(trigger.wait(), entered)) == "cancelled"
+    assert waiters(broker_conn, "q_t") == 0  # unregistered on the way out
 
 
 def test_stream_waits_for_its_queue_and_survives_a_lost_connection(
