@@ -20,6 +20,7 @@ from airflow_broker.readers.runs import AttemptLog
 from airflow_broker.worker import BrokerWorker
 from tests.support.brokers import App
 from tests.support.helpers import count, wait_until
+from tests.support.reader_handlers import HOLD
 from tests.support.trading import booked, create_results, reader, send_trades
 
 
@@ -135,13 +136,20 @@ def test_a_reader_goes_on_in_place_after_a_database_fault(
     # As a Spark reader runs: its counts in the database, in the transactions they count.
     run_id = uuid.uuid4()
     runs.begin_run(app.broker, run_id, "q_t", {})
-    drain = reader(app, "tests.support.reader_handlers:book_trade_slowly", batch_size=10,
+    drain = reader(app, "tests.support.reader_handlers:book_trade_held", batch_size=10,
                    idle_exit=3.0)
     drain.attempt_log = AttemptLog(app.broker, run_id, 0, 0)
+    # The reader stops at its 45th trade, inside its fifth transaction, while the database
+    # goes away.
+    HOLD.arm(after=45)
     with ThreadPoolExecutor(1) as pool, caplog.at_level(logging.INFO):
         running = pool.submit(drain.run)
-        wait_until(lambda: booked(app) >= 40, "the reader to book its first trades", 120)
-        database_fault()
+        try:
+            assert HOLD.holding.wait(timeout=120), "the reader did not get to its 45th trade"
+            assert booked(app) < 45  # its batch in flight is not committed
+            database_fault()
+        finally:
+            HOLD.released.set()
         stats = running.result(timeout=300)
     assert booked(app) == 600
     assert (stats.processed, stats.failed, stats.quarantined) == (600, 0, 0)

@@ -95,6 +95,7 @@ def assert_exactly_once_in_order(app: App, expected: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.spark_job
 def test_spark_readers_process_2000_messages_exactly_once(trading: App) -> None:
     """As docs/security.md's Spark reader: a login with RECEIVE on its queue (and the rights
     its handler needs on the application's own tables), nothing on the broker's tables."""
@@ -130,6 +131,7 @@ def test_spark_readers_process_2000_messages_exactly_once(trading: App) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.spark_job
 def test_a_killed_spark_reader_loses_nothing(trading: App) -> None:
     good = send_trades(trading, 40, 10, 10, marker=(7, 3))
     # local[2,4]: a failed Spark task is retried, as on a cluster.
@@ -155,6 +157,7 @@ def test_a_killed_spark_reader_loses_nothing(trading: App) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.spark_job
 def test_spark_readers_go_on_in_place_through_a_database_crash(
         trading: App, restart_postgres: Callable[..., None]) -> None:
     """PostgreSQL crash-restarted (``-m immediate``) under two Spark readers in the middle of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -36,6 +37,39 @@ def book_trade_slowly(message: Message, ctx: ReaderContext) -> str:
     fall into it."""
     time.sleep(0.005)
     return _book(message, ctx)
+
+
+class Hold:
+    """Stops a reader of this process inside its transaction, at its ``after``-th message,
+    until released: a fault made meanwhile falls into a batch in flight, whatever the
+    machine's speed."""
+
+    def __init__(self) -> None:
+        self.after = 0
+        self.seen = 0
+        self.holding = threading.Event()
+        self.released = threading.Event()
+
+    def arm(self, after: int) -> None:
+        self.after, self.seen = after, 0
+        self.holding.clear()
+        self.released.clear()
+
+    def pass_by(self) -> None:
+        self.seen += 1
+        if self.seen == self.after:
+            self.holding.set()
+            self.released.wait(timeout=300)
+
+
+HOLD = Hold()
+
+
+def book_trade_held(message: Message, ctx: ReaderContext) -> str:
+    """book_trade, held by HOLD after it has booked its message."""
+    booked = _book(message, ctx)
+    HOLD.pass_by()
+    return booked
 
 
 def book_trades(frame: Any, ctx: ReaderContext) -> list[object]:

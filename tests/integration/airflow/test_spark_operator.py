@@ -55,11 +55,13 @@ def run_reader_job(run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.slow
+@pytest.mark.spark_job
 def test_activated_reader_job(run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch) -> None:
     run_reader_job(run_dag, app, monkeypatch, "local[2]")
 
 
 @pytest.mark.slow
+@pytest.mark.spark_job
 def test_activated_reader_job_on_a_standalone_cluster_of_this_pyspark(
         run_dag: RunDag, app: App, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The cluster's Spark is the installed PySpark's own (4.x with constraints.txt, 3.5 in
@@ -185,6 +187,7 @@ def test_cluster_mode_on_standalone_is_refused_before_anything_is_submitted(
 
 
 @pytest.mark.slow
+@pytest.mark.spark_job
 def test_a_reader_that_fails_for_good_fails_the_task(
         broker_conn: str, app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every attempt of the readers fails (the handler is not there): the task fails, and
