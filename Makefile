@@ -14,8 +14,9 @@ demo: $(STAMP)
 
 # The tiers below the system tier run on this many pytest-xdist workers, a test module at a
 # time, each worker with an embedded PostgreSQL of its own (or its own templates on the server
-# AIRFLOW_BROKER_TEST_DSN names); the system tier then runs without them, since its
-# deployment's processes and Spark cluster take most of the machine.
+# AIRFLOW_BROKER_TEST_DSN names); the system tier then runs alone, since its deployment's
+# processes and Spark cluster take the machine (the lowest versions' tests beside it, at a
+# lower CPU priority, made it half as slow again and saved 2 of 31 minutes).
 TEST_WORKERS ?= 2
 
 # The UI's browser tests drive the system's Chromium (Playwright's own browser download is not
@@ -29,20 +30,8 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not system"
-	@if [ -z "$${LOWEST_DSN:-}" ]; then set -x; exec $(BIN)/pytest -m system; fi; \
-	log=$$(mktemp); \
-	echo "make test-lowest runs beside the system tier; its output follows the system tier's"; \
-	AIRFLOW_BROKER_TEST_DSN="$$LOWEST_DSN" nice -n 5 $(MAKE) --no-print-directory test-lowest \
-		>"$$log" 2>&1 & lowest=$$!; \
-	set -x; $(BIN)/pytest -m system; system=$$?; set +x; \
-	wait $$lowest; lowest_status=$$?; cat "$$log"; rm -f "$$log"; \
-	[ $$system -eq 0 ] && [ $$lowest_status -eq 0 ]
+	$(BIN)/pytest -m system
 
-# With LOWEST_DSN in the environment (a server of the oldest PostgreSQL to test; .ci/run sets
-# it), `make test` runs test-lowest on that server beside the system tier, at a lower CPU
-# priority: the system tier waits on its scheduler, triggerer and Spark for about a third of
-# its time, which the lowest versions' tests fill.
-#
 # The other end of every range: the lowest versions pyproject.toml declares (uv's lowest-direct
 # resolution: Airflow 3.3.0, the Spark provider 5.6.0 and PySpark 3.5, psycopg 3.2, ...) in a
 # virtual environment of their own, on the tiers versions concern: the engine, least-privilege
@@ -54,8 +43,8 @@ LOWEST := .venv-lowest
 test-lowest: $(STAMP)
 	rm -rf $(LOWEST)
 	$(BIN)/uv venv --quiet --seed --python $(BIN)/python $(LOWEST)
-	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install --quiet --resolution lowest-direct \
-		-e '.[$(EXTRAS)]'
+	VIRTUAL_ENV=$(LOWEST) $(BIN)/uv pip install --quiet --compile-bytecode \
+		--resolution lowest-direct -e '.[$(EXTRAS)]'
 	$(LOWEST)/bin/python -c 'import airflow, pyspark, psycopg; print("lowest versions: Airflow",\
 		airflow.__version__, "PySpark", pyspark.__version__, "psycopg", psycopg.__version__)'
 	$(LOWEST)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
@@ -85,8 +74,10 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt --upgrade pip uv
 	# uv resolves the same pins as pip would, and downloads and installs in parallel: about a
-	# fifth of pip's time for Airflow, Spark and the rest.
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -c constraints.txt -e '.[$(EXTRAS)]'
+	# fifth of pip's time for Airflow, Spark and the rest. Compiled to bytecode at install, as
+	# pip does, so that the first processes of a run do not each compile what they import.
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -c constraints.txt \
+		-e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
