@@ -4,7 +4,8 @@ SQL Server's external activation, with Airflow as the activator: a QUEUE_ACTIVAT
 notification on BrokerageQueue sends a message to BrokerageActivationQueue whenever the queue
 monitor decides a reader is needed (the first message after the queue was empty, then one more
 per ramp-up interval while the backlog lasts). An AssetWatcher turns each notification into a
-run of ``broker_spark_readers``, which submits the Spark reader application; ``max_active_runs``
+run of ``broker_spark_readers``, which submits the Spark reader application (unless the readers
+already running left nothing to receive: then the run ends without a job); ``max_active_runs``
 caps the number of concurrent reader jobs. Each Spark task is a queue reader running
 ``airflow_broker.demos.trading:acknowledge_trade``: it acknowledges every trade entry and ends the
 conversation after the final one (the target ends first), in the transaction of its RECEIVE.

@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +132,11 @@ class ActivatedReaderOperator(SparkSubmitOperator):
     :param cluster_python: the interpreter path on the cluster's machines
     :param ship_handler: ship the handler's code with ``py_files``
     :param kubernetes_password_secret: ``name:key`` of the Kubernetes secret with the password
+    :param submit_when_empty: submit the job also when, as the task starts, the queue holds no
+        message a RECEIVE could take. By default such a run ends at once with nothing
+        submitted (its summary counts no reader): a QUEUE_ACTIVATION notification that arrives
+        after the readers drained the queue costs no Spark application, and the next message
+        raises another notification
     """
 
     template_fields: Sequence[str] = (
@@ -159,6 +165,7 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         cluster_python: str | None = None,
         ship_handler: bool = True,
         kubernetes_password_secret: str | None = None,
+        submit_when_empty: bool = False,
         **kwargs: Any,
     ) -> None:
         get_strategy(poison_strategy)  # a clear error at parse time for an unknown name
@@ -193,6 +200,7 @@ class ActivatedReaderOperator(SparkSubmitOperator):
         self.cluster_python = cluster_python
         self.ship_handler = ship_handler
         self.kubernetes_password_secret = kubernetes_password_secret
+        self.submit_when_empty = submit_when_empty
 
     def reader_arguments(self, schema: str, run_id: uuid.UUID) -> list[str]:
         args = ["--queue", self.queue_name, "--handler", self.handler, "--schema", schema,
@@ -326,6 +334,15 @@ class ActivatedReaderOperator(SparkSubmitOperator):
                 # before Spark.
                 reader_runs.begin_run(hook.get_broker(), run_id, self.queue_name,
                                       {"queue": self.queue_name, **submitted_by(context)})
+                if not self.submit_when_empty and not hook.peek(self.queue_name):
+                    self.log.info("queue %s holds no message a reader could receive now: "
+                                  "reader run %s ends without a Spark job", self.queue_name,
+                                  run_id)
+                    # Counted as a run whose readers received nothing.
+                    summary = {**asdict(reader_runs.ReaderStats()),
+                               **reader_runs.finish_run(hook.get_broker(), run_id)}
+                    self.report(summary)
+                    return summary
                 self.log.info("submitting the readers of queue %s (at most %s), handler %s, "
                               "strategy %s, run %s", self.queue_name,
                               self.readers or "MAX_QUEUE_READERS", self.handler,
@@ -340,7 +357,10 @@ class ActivatedReaderOperator(SparkSubmitOperator):
             finally:
                 self.properties_file = user_properties
             try:
-                summary = reader_runs.run_summary(hook.get_broker(), run_id)
+                # A failed job is over without its driver's word (none may have started): the
+                # run is ended here, or the broker's pages would show it running for good.
+                summary = (reader_runs.run_summary if job_error is None
+                           else reader_runs.finish_run)(hook.get_broker(), run_id)
             except Exception as summary_error:
                 if job_error is None:
                     raise

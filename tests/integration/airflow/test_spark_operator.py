@@ -3,8 +3,10 @@ submits for each cluster manager: what it ships, and where the DSN's password go
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import logging
 import os
 import stat
 import sys
@@ -257,6 +259,12 @@ def stand_in_spark_submit(tmp_path: Path) -> tuple[Path, Path]:
     return script, record
 
 
+def a_trade_waiting(app: App) -> None:
+    """A message for the readers: on an empty queue the operator submits nothing."""
+    with app.broker.transaction() as tx:
+        tx.send(tx.begin_dialog("I", "T", "C"), "Req", "<trade id='1'/>")
+
+
 def docs_connection(monkeypatch: pytest.MonkeyPatch, manager: str) -> tuple[str, dict[str, Any]]:
     """The Spark connection docs/spark.md shows for ``manager``, set as the docs set it, and
     the operator's arguments it shows with it."""
@@ -287,6 +295,7 @@ def test_the_documented_cluster_connections_submit(
     summary."""
     conn, options = docs_connection(monkeypatch, manager)
     spark_submit, record = stand_in_spark_submit(tmp_path)
+    a_trade_waiting(app)
     operator = ActivatedReaderOperator(
         task_id="book_trades", queue_name="q_t", handler="airflow_broker.demos.trading:book_trade",
         spark_binary=str(spark_submit), **options)
@@ -315,6 +324,7 @@ def test_a_refused_submission_fails_the_task_with_spark_submits_reason(
     the log says both."""
     _, options = docs_connection(monkeypatch, manager)
     spark_submit, record = stand_in_spark_submit(tmp_path)
+    a_trade_waiting(app)
     monkeypatch.setenv("STAND_IN_OUTCOME", reason)
     operator = ActivatedReaderOperator(
         task_id="book_trades", queue_name="q_t", handler="airflow_broker.demos.trading:book_trade",
@@ -331,6 +341,44 @@ def test_a_refused_submission_fails_the_task_with_spark_submits_reason(
     assert "the Spark job of reader run" in logged and reason in logged
     assert "0 reader(s)" in logged  # the run's summary: no driver started a reader
     assert record.exists()
+    # Ended, as the broker's queue page shows it, not running for good.
+    with psycopg.connect(app.broker.dsn) as conn:
+        assert conn.execute("SELECT ended_at IS NOT NULL FROM broker.reader_runs").fetchall() == [
+            (True,)]
+
+
+@pytest.mark.parametrize("waiting", ["nothing", "a message in a group a reader holds"])
+def test_a_queue_with_nothing_to_receive_submits_no_job(
+        broker_conn: str, app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, waiting: str) -> None:
+    """An activation notification that comes after the readers drained the queue (or while
+    they hold what is left) costs no Spark application: the run is recorded, ends at once with
+    no reader, and the task succeeds with its summary; submit_when_empty submits anyway."""
+    docs_connection(monkeypatch, "YARN")
+    spark_submit, record = stand_in_spark_submit(tmp_path)
+    with contextlib.ExitStack() as held:
+        if waiting != "nothing":
+            a_trade_waiting(app)
+            # The group's lock, as a reader at work on it holds it.
+            tx = held.enter_context(app.broker.transaction())
+            assert tx.get_conversation_group("q_t") is not None
+        operator = ActivatedReaderOperator(
+            task_id="book_trades", queue_name="q_t",
+            handler="airflow_broker.demos.trading:book_trade", spark_binary=str(spark_submit))
+        with caplog.at_level(logging.INFO):
+            summary = operator.execute({})
+        assert not record.exists()
+        assert (summary["readers"], summary["received"], summary["processed"]) == (0, 0, 0)
+        assert "reader run" in caplog.text and "ends without a Spark job" in caplog.text
+        with psycopg.connect(app.broker.dsn) as conn:
+            ended = conn.execute("SELECT ended_at IS NOT NULL FROM broker.reader_runs"
+                                 " WHERE run_id = %s", [summary["run_id"]]).fetchone()
+        assert ended == (True,)
+    operator = ActivatedReaderOperator(
+        task_id="book_trades", queue_name="q_t", submit_when_empty=True,
+        handler="airflow_broker.demos.trading:book_trade", spark_binary=str(spark_submit))
+    operator.execute({})
+    assert len(record.read_text().splitlines()) == 1
 
 
 def test_a_provider_refusal_comes_first(
@@ -341,6 +389,7 @@ def test_a_provider_refusal_comes_first(
         pytest.skip("the Spark provider installed has no yarn_track_via_rm_api (before 6.1)")
     docs_connection(monkeypatch, "YARN")
     spark_submit, record = stand_in_spark_submit(tmp_path)
+    a_trade_waiting(app)
     operator = ActivatedReaderOperator(
         task_id="book_trades", queue_name="q_t", handler="airflow_broker.demos.trading:book_trade",
         spark_binary=str(spark_submit), yarn_track_via_rm_api=True)
