@@ -132,11 +132,9 @@ class ActivatedReaderOperator(SparkSubmitOperator):
     :param cluster_python: the interpreter path on the cluster's machines
     :param ship_handler: ship the handler's code with ``py_files``
     :param kubernetes_password_secret: ``name:key`` of the Kubernetes secret with the password
-    :param submit_when_empty: submit the job also when, as the task starts, the queue holds no
-        message a RECEIVE could take. By default such a run ends at once with nothing
-        submitted (its summary counts no reader): a QUEUE_ACTIVATION notification that arrives
-        after the readers drained the queue costs no Spark application, and the next message
-        raises another notification
+    :param submit_when_empty: submit the job also when the queue holds no message a RECEIVE
+        could take as the task starts (by default such a run ends at once with no reader, so
+        a late QUEUE_ACTIVATION notification costs no Spark application; docs/spark.md)
     """
 
     template_fields: Sequence[str] = (
@@ -328,16 +326,14 @@ class ActivatedReaderOperator(SparkSubmitOperator):
             self.prepare(info.dsn, info.schema, run_id, Path(work_dir))
             job_error: Exception | None = None
             try:
-                # Recorded before the job, with the task instance that submits it: the run
-                # is there to report (and to link from the broker's queue page) even when no
-                # driver ever starts; a queue the login may not RECEIVE from fails here,
-                # before Spark.
+                # Recorded before the job, with the task instance that submits it: the run is
+                # there to report (and to link from the broker's queue page) even when no driver
+                # ever starts; a queue the login may not RECEIVE from fails here, before Spark.
                 reader_runs.begin_run(hook.get_broker(), run_id, self.queue_name,
                                       {"queue": self.queue_name, **submitted_by(context)})
                 if not self.submit_when_empty and not hook.peek(self.queue_name):
-                    self.log.info("queue %s holds no message a reader could receive now: "
-                                  "reader run %s ends without a Spark job", self.queue_name,
-                                  run_id)
+                    self.log.info("queue %s holds no message a reader could receive now: reader "
+                                  "run %s ends without a Spark job", self.queue_name, run_id)
                     # Counted as a run whose readers received nothing.
                     summary = {**asdict(reader_runs.ReaderStats()),
                                **reader_runs.finish_run(hook.get_broker(), run_id)}
@@ -357,8 +353,7 @@ class ActivatedReaderOperator(SparkSubmitOperator):
             finally:
                 self.properties_file = user_properties
             try:
-                # A failed job is over without its driver's word (none may have started): the
-                # run is ended here, or the broker's pages would show it running for good.
+                # A failed job is over without its driver's word: ended here, not running for good.
                 summary = (reader_runs.run_summary if job_error is None
                            else reader_runs.finish_run)(hook.get_broker(), run_id)
             except Exception as summary_error:
