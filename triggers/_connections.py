@@ -79,11 +79,9 @@ class QueueListener:
 
     async def wait(self, timeout: float) -> bool:
         """Waits up to ``timeout`` seconds for a notification; True when one came."""
-        woken = False
         async for _ in self.conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
-            woken = True
-        stop_if_cancelled()
-        return woken
+            return True
+        return False
 
     async def close(self) -> None:
         if self._waiters and not self.conn.closed:
