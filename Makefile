@@ -68,14 +68,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# uv resolves the same pins as pip would, and downloads and installs in parallel: about a fifth
+# of pip's time for Airflow, Spark and the rest. Compiled to bytecode at install, as pip does,
+# so that the first processes of a run do not each compile what they import.
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "airflow-broker needs Python 3.11 or newer (set PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt --upgrade pip uv
-	# uv resolves the same pins as pip would, and downloads and installs in parallel: about a
-	# fifth of pip's time for Airflow, Spark and the rest. Compiled to bytecode at install, as
-	# pip does, so that the first processes of a run do not each compile what they import.
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -c constraints.txt \
 		-e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed-*
