@@ -60,3 +60,16 @@ def test_the_table_covers_the_supported_majors_and_says_when_it_was_written() ->
     for major, latest in releases.LATEST_MINOR.items():
         assert latest.startswith(f"{major}.")
     assert dt.date.fromisoformat(releases.WRITTEN)
+
+
+def test_every_supported_major_has_a_test_server_of_a_release_the_table_knows() -> None:
+    """`make test-postgres` can run the engine's tiers on each major the doctor counts as
+    supported, and no pinned build is newer than the table (which would mean the table is out
+    of date)."""
+    from tests.support.postgres_builds import BUILDS, release
+
+    assert set(BUILDS) == set(releases.LATEST_MINOR)
+    for major, latest in releases.LATEST_MINOR.items():
+        build_minor = int(release(major).split(".")[1])
+        assert release(major).startswith(f"{major}.")
+        assert build_minor <= int(latest.split(".")[1]), (major, release(major), latest)
