@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 EXTRAS := dev,airflow,spark,embedded
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-lowest lint bench bench-airflow constraints clean ui
+.PHONY: demo test test-lowest test-postgres test-python lint bench bench-airflow constraints clean ui
 
 demo: $(STAMP)
 	$(BIN)/airflow-broker demo
@@ -36,9 +36,9 @@ test: $(STAMP)
 # resolution: Airflow 3.3.0, the Spark provider 5.6.0 and PySpark 3.5, psycopg 3.2, ...) in a
 # virtual environment of their own, on the tiers versions concern: the engine, least-privilege
 # and Airflow tiers and the Spark readers' real jobs on local[2] (the other soak and crash
-# tests, the benchmarks' smoke run and the system tier run with constraints.txt only). The server is the one
-# AIRFLOW_BROKER_TEST_DSN names when it is set (.ci/run gives it the oldest PostgreSQL this
-# machine's packages have), else the embedded one.
+# tests, the benchmarks' smoke run and the system tier run with constraints.txt only). The
+# server is the one AIRFLOW_BROKER_TEST_DSN names when it is set (.ci/run gives it the lowest
+# PostgreSQL major the package supports), else the embedded one.
 LOWEST := .venv-lowest
 test-lowest: $(STAMP)
 	rm -rf $(LOWEST)
@@ -50,6 +50,32 @@ test-lowest: $(STAMP)
 	$(LOWEST)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
 		-m "not system and (not slow or spark_job)" \
 		tests/integration tests/least_privilege --ignore=tests/integration/test_bench_smoke.py
+
+# The engine and least-privilege tiers on another major of PostgreSQL (PG_MAJOR: 14 to 18),
+# with the versions of constraints.txt, on a server of that major's build from the npm registry
+# (tests/support/postgres_builds.py says which and why; npm must be on the PATH). .ci/run runs
+# `make test-lowest` on the lowest major this way.
+PG_MAJOR ?= 14
+test-postgres: $(STAMP)
+	$(BIN)/python -m tests.support.postgres_builds $(PG_MAJOR) -- \
+		$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not system and not slow" \
+		tests/integration tests/least_privilege --ignore=tests/integration/airflow \
+		--ignore=tests/integration/test_bench_smoke.py
+
+# The tiers that concern Python's version (unit, engine, Airflow and the Spark readers' real
+# jobs on local[2]) on another Python, with the versions of constraints.txt, in an environment
+# of its own: `make test-python OTHER_PYTHON=python3.13`.
+OTHER_PYTHON ?= python3.13
+OTHER_VENV = .venv-$(notdir $(OTHER_PYTHON))
+test-python: $(STAMP)
+	rm -rf $(OTHER_VENV)
+	$(BIN)/uv venv --quiet --seed --python $(OTHER_PYTHON) $(OTHER_VENV)
+	VIRTUAL_ENV=$(OTHER_VENV) $(BIN)/uv pip install --quiet --compile-bytecode \
+		-c constraints.txt -e '.[$(EXTRAS)]'
+	$(OTHER_VENV)/bin/python -c 'import sys; print("Python", sys.version.split()[0])'
+	$(OTHER_VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
+		-m "not system and (not slow or spark_job)" tests/unit tests/integration \
+		--ignore=tests/integration/test_bench_smoke.py
 
 # Benchmarks side by side with pgmq (about 15 minutes); BENCH_ARGS=--quick for a smoke run.
 bench: $(STAMP)
