@@ -1,13 +1,16 @@
-"""What the Python client costs per SEND transaction: this process's CPU for one SEND of 100
-bytes in its own transaction through ``Broker.transaction()``, against the same statement,
-parameters and round trips through plain psycopg (prepared; BEGIN sent with the statement,
-then COMMIT), side by side in one run.
+"""What the Python client costs per statement: this process's CPU for BEGIN DIALOG, SEND (100
+bytes) and END CONVERSATION, each in its own transaction through ``Broker.transaction()``,
+against the same statement, parameters and round trips through plain psycopg (prepared; BEGIN
+sent with the statement, then COMMIT), side by side in one run.
 
 The server's work is the same on both sides; the difference is the client's: the pool, the
-transaction object, the message-type check, the parameters' conversion. Variants alternate
-within each round; the table gives the medians of the rounds and ours/plain.
+transaction object, the message-type check and the handle's checks, the parameters'
+conversion, END's look at its answer for a fire-and-forget warning. Variants alternate within
+each round; the table gives the medians of the rounds and ours/plain per statement. The
+dialogs END ends are opened before the clock starts, each with a first message, so that END
+takes its usual path (an EndDialog to a target that exists).
 
-    .venv/bin/python -m bench.client_cost                 # 3 rounds of 2,000, ~1 minute
+    .venv/bin/python -m bench.client_cost                 # 3 rounds of 2,000, ~2 minutes
     .venv/bin/python -m bench.client_cost --rounds 1 --transactions 50
 """
 
@@ -16,12 +19,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
 from airflow_broker import Broker
+from airflow_broker.dialogs import MAX_LIFETIME
 from airflow_broker.migrations import install
 from bench import ours_setup
 from bench.harness import database, durable
@@ -31,42 +36,81 @@ from bench.rounds import rotated
 from bench.scenario import Options
 
 BODY = b"x" * 100
+STEPS = ("BEGIN DIALOG", "SEND", "END CONVERSATION")
+OURS = "ours: Broker.transaction()"
+PLAIN = "plain psycopg: the same statement and round trips"
+
+
+def _nothing(count: int) -> None:
+    return None
 
 
 @dataclass(frozen=True)
 class Variant:
+    step: str
     name: str
     transaction: Callable[[], None]
+    # Made before the clock starts: what ``count`` transactions of the step need.
+    prepare: Callable[[int], None] = field(default=_nothing)
 
 
 def _variants(dsn: str) -> tuple[list[Variant], Callable[[], None]]:
     broker = Broker(dsn)
     handle = ours_setup.send_dialog(broker)
-    # The statement tx.send() renders: the call of send() with its casts.
-    send = broker.queries.call("send", 6, ["uuid[]", "text", "bytea", "boolean", "text", "text"])
+    target = ours_setup.setup_catalog(broker).targets["send"]
+    queries = broker.queries
+    # The statements the Transaction renders: the calls with their casts.
+    send = queries.call("send", 6, ["uuid[]", "text", "bytea", "boolean", "text", "text"])
+    begin = queries.call("begin_dialog", 9, ["text", "text", "text", "uuid", "uuid", "integer",
+                                             "boolean", "text", "uuid"])
+    end = queries.call("end_conversation", 4, ["uuid", "boolean", "integer", "text"])
     conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0)
-    params: list[object] = [[handle], MESSAGE_TYPE, BODY, False, None, None]
+    send_params: list[object] = [[handle], MESSAGE_TYPE, BODY, False, None, None]
+    begin_params: list[object] = [ours_setup.INITIATOR_SERVICE, target.service,
+                                  ours_setup.CONTRACT, None, None, MAX_LIFETIME, True, None, None]
+    to_end: dict[str, list[uuid.UUID]] = {OURS: [], PLAIN: []}
 
-    def ours() -> None:
+    def plain(statement: bytes, params: list[object]) -> None:
+        with conn.pipeline():
+            conn.execute(b"BEGIN")
+            conn.execute(statement, params).fetchall()
+        conn.execute(b"COMMIT")
+
+    def ours_begin() -> None:
+        with broker.transaction() as tx:
+            tx.begin_dialog(ours_setup.INITIATOR_SERVICE, target.service, ours_setup.CONTRACT)
+
+    def ours_send() -> None:
         with broker.transaction() as tx:
             tx.send(handle, MESSAGE_TYPE, BODY)
 
-    def plain() -> None:
-        with conn.pipeline():
-            conn.execute(b"BEGIN")
-            conn.execute(send, params)
-        conn.execute(b"COMMIT")
+    def ours_end() -> None:
+        with broker.transaction() as tx:
+            tx.end_conversation(to_end[OURS].pop())
+
+    def plain_end() -> None:
+        plain(end, [to_end[PLAIN].pop(), False, None, None])
+
+    def opener(side: str) -> Callable[[int], None]:
+        def prepare(count: int) -> None:
+            to_end[side].extend(ours_setup.begin_dialogs(broker, target, count))
+        return prepare
 
     def close() -> None:
         conn.close()
         broker.close()
 
-    return [Variant("ours: Broker.transaction() and tx.send()", ours),
-            Variant("plain psycopg: the same statement and round trips", plain)], close
+    return [Variant("BEGIN DIALOG", OURS, ours_begin),
+            Variant("BEGIN DIALOG", PLAIN, lambda: plain(begin, begin_params)),
+            Variant("SEND", OURS, ours_send),
+            Variant("SEND", PLAIN, lambda: plain(send, send_params)),
+            Variant("END CONVERSATION", OURS, ours_end, opener(OURS)),
+            Variant("END CONVERSATION", PLAIN, plain_end, opener(PLAIN))], close
 
 
 def measure(variant: Variant, transactions: int) -> float:
     """This process's CPU per transaction, in µs."""
+    variant.prepare(transactions)
     started = time.process_time()
     for _ in range(transactions):
         variant.transaction()
@@ -74,7 +118,7 @@ def measure(variant: Variant, transactions: int) -> float:
 
 
 def run(options: Options, transactions: int) -> str:
-    results: dict[str, list[float]] = {}
+    results: dict[tuple[str, str], list[float]] = {}
     with database(options) as (dsn, _embedded):
         install(dsn)
         variants, close = _variants(durable(dsn))
@@ -83,22 +127,25 @@ def run(options: Options, transactions: int) -> str:
                 measure(variant, max(1, transactions // 10))  # warm: prepared, pooled
             for r in range(options.rounds):
                 for variant in rotated(variants, r):
-                    results.setdefault(variant.name, []).append(measure(variant, transactions))
-                    print(f"round {r + 1}: {variant.name}: {results[variant.name][-1]:,.0f} µs"
-                          " of client CPU per transaction", file=sys.stderr)
+                    key = (variant.step, variant.name)
+                    results.setdefault(key, []).append(measure(variant, transactions))
+                    print(f"round {r + 1}: {variant.step}, {variant.name}:"
+                          f" {results[key][-1]:,.0f} µs of client CPU per transaction",
+                          file=sys.stderr)
         finally:
             close()
-    names = list(results)
-    plain = median(results[names[1]]) or 1.0
-    lines = [f"{options.rounds} rounds of {transactions:,} SEND transactions (100 bytes) per"
-             " variant; client CPU per transaction, median of the rounds", "",
-             "| Client | CPU per SEND transaction (µs) | per round | ours/plain |",
-             "|---|---:|---:|---:|"]
-    for name in names:
-        values = results[name]
-        lines.append(f"| {name} | {median(values) or 0.0:,.0f} |"
-                     f" {min(values):,.0f}-{max(values):,.0f} |"
-                     f" {(median(values) or 0.0) / plain:.2f}x |")
+    lines = [f"{options.rounds} rounds of {transactions:,} transactions per statement and"
+             " variant, each statement in its own transaction; client CPU per transaction,"
+             " median of the rounds", "",
+             "| Statement | Client | CPU per transaction (µs) | per round | ours/plain |",
+             "|---|---|---:|---:|---:|"]
+    for step in STEPS:
+        plain = median(results[(step, PLAIN)]) or 1.0
+        for name in (OURS, PLAIN):
+            values = results[(step, name)]
+            lines.append(f"| {step} | {name} | {median(values) or 0.0:,.0f} |"
+                         f" {min(values):,.0f}-{max(values):,.0f} |"
+                         f" {(median(values) or 0.0) / plain:.2f}x |")
     return "\n".join(lines)
 
 

@@ -156,17 +156,29 @@ def test_commit_cost_reports_ours_and_bare_after_a_pause_and_in_a_loop(bench_dsn
 
 def test_client_cost_reports_ours_and_plain_psycopg_side_by_side(bench_dsn: str) -> None:
     report = client_cost.run(Options(rounds=1, dsn=bench_dsn), transactions=20)
-    rows = [line.split("|")[1:5] for line in report.splitlines()
+    rows = [[cell.strip() for cell in line.split("|")[1:6]] for line in report.splitlines()
             if line.startswith("| ") and line.rstrip().endswith("x |")]
-    assert [name.split(":")[0].strip() for name, *_ in rows] == ["ours", "plain psycopg"]
-    for _, cpu, _, ratio in rows:
+    assert [(step, name.split(":")[0]) for step, name, *_ in rows] == [
+        (step, side) for step in client_cost.STEPS for side in ("ours", "plain psycopg")]
+    for _, _, cpu, _, ratio in rows:
         assert float(cpu.replace(",", "")) > 0
-        assert float(ratio.strip().rstrip("x")) > 0
-    assert rows[1][3].strip() == "1.00x"
+        assert float(ratio.rstrip("x")) > 0
+    assert all(row[4] == "1.00x" for row in rows[1::2])
+    # The warm-up and the round of each side: every SEND a message of 100 bytes on the queue,
+    # every END an EndDialog after its dialog's first (empty) message.
+    each = 2 * (20 + 2)
     with psycopg.connect(bench_dsn) as conn:
-        sent = conn.execute("SELECT count(*) FROM broker.queue_messages").fetchone()
-    # The warm-up and the round of each side, every one a message on the queue.
-    assert sent == (2 * (20 + 2),)
+        bodies: dict[int, int] = dict(conn.execute(
+            "SELECT coalesce(length(m.message_body), 0), count(*)"
+            " FROM broker.queue_messages m GROUP BY 1").fetchall())
+        end_dialogs = conn.execute(
+            "SELECT count(*) FROM broker.queue_messages m JOIN broker.message_types t"
+            " ON t.message_type_id = m.message_type_id"
+            " WHERE t.name = 'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog'"
+        ).fetchone()
+    assert bodies[100] == each
+    assert end_dialogs == (each,)
+    assert bodies[0] == 2 * each
 
 
 def test_dialog_cost_reports_each_step_plain_pipelined_and_floor_and_pgmq(
