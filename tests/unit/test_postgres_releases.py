@@ -9,6 +9,7 @@ import pytest
 
 from airflow_broker.admin import postgres_releases as releases
 from airflow_broker.admin.doctor import WARNING, release_finding
+from tests.support.postgres_builds import BUILDS, release
 
 TODAY = dt.date(2026, 11, 27)
 
@@ -66,8 +67,6 @@ def test_every_supported_major_has_a_test_server_of_a_release_the_table_knows() 
     """`make test-postgres` can run the engine's tiers on each major the doctor counts as
     supported, and no pinned build is newer than the table (which would mean the table is out
     of date)."""
-    from tests.support.postgres_builds import BUILDS, release
-
     assert set(BUILDS) == set(releases.LATEST_MINOR)
     for major, latest in releases.LATEST_MINOR.items():
         build_minor = int(release(major).split(".")[1])
