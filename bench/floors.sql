@@ -1,7 +1,8 @@
 -- The floors: the least any design that keeps Service Broker's dialog state writes for a
 -- step, in as few statements as PostgreSQL allows, on the broker's own tables and without any
 -- of its checks (permissions, states, contracts, validation, routes, the transmission queue,
--- poison detection, wake-ups). Scenarios f, c and h and bench.dialog_cost run them beside the
+-- poison detection, wake-ups); and, in the blocks ending in _checked, the same steps with
+-- everything the broker keeps for them (below, before send_checked). Scenarios f, c and h and bench.dialog_cost run them beside the
 -- broker's statements: what they reach against the bare INSERT and pgmq is the most any SEND,
 -- RECEIVE or dialog could reach on the machine. Blocks headed "-- name --", as in
 -- airflow_broker/sql/queries.
@@ -39,10 +40,9 @@ SELECT i.service_id AS initiator_id, t.service_id AS target_id,
        gen_random_uuid() AS conversation_id,
        now() AT TIME ZONE 'UTC' AS now
 
--- _dialog_begin_writes --
--- What a dialog begun with its request delivered writes: both conversation groups, both
--- endpoints CONVERSING and message 0 on the target's queue (the rest of dialog_begin's
--- statement after new).
+-- _dialog_begin_sides --
+-- What a dialog begun with its request delivered writes besides the message: both
+-- conversation groups and both endpoints CONVERSING, as CTEs after new.
 groups AS (
     INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
     SELECT initiator_group, initiator_id FROM new
@@ -59,10 +59,21 @@ groups AS (
            'CO', now, 0
       FROM new
 )
+
+-- _message0 --
+-- Message 0 of a dialog begun, on the target's queue.
 INSERT INTO broker.queue_messages {_message_columns}
 SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
        message_type_id, %(body)s, gen_random_uuid(), now
   FROM new
+
+-- _wake --
+-- WAITFOR's wake-up, as the broker's wake_waiters(): a NOTIFY on the channel of each queue
+-- of CTE {0} (its queue_id column) that a reader waits on, and none for a queue no reader waits
+-- on.
+SELECT pg_notify('broker_queue_' || w.queue_id, '')
+  FROM (SELECT DISTINCT queue_id FROM {0}) w
+ WHERE EXISTS (SELECT 1 FROM broker.queue_waiters qw WHERE qw.queue_id = w.queue_id)
 
 -- _endpoint_columns --
 -- The columns an endpoint with its far handle is created with.
@@ -109,11 +120,15 @@ taken_group AS (
 -- _reply_checks --
 -- What the target's reply is checked for (ce its endpoint, os its service, mt the message
 -- type): the endpoint CONVERSING with nothing in the transmission queue, the message type
--- one the contract lets this side send, and the caller allowed to RECEIVE on its queue.
+-- one without validation (a body another type must be validated) that the contract lets this
+-- side send, the body within the largest message size, and the caller allowed to RECEIVE on
+-- its queue.
 WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
   AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
                    WHERE t.conversation_handle = ce.conversation_handle)
-  AND os.service_id = ce.service_id AND mt.name = %(message_type)s
+  AND os.service_id = ce.service_id
+  AND mt.name = %(message_type)s AND mt.validation_kind = 'NONE'
+  AND octet_length(%(body)s::bytea) <= 2147483647
   AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
                WHERE u.service_contract_id = ce.service_contract_id
                  AND u.message_type_id = mt.message_type_id
@@ -160,7 +175,8 @@ WITH new AS (
            broker.message_types mt
      WHERE i.name = %(initiator)s AND t.name = %(target)s AND c.name = %(contract)s
        AND mt.name = %(message_type)s
-), {_dialog_begin_writes}
+), {_dialog_begin_sides}
+{_message0}
 
 -- receive --
 -- RECEIVE TOP(n): the first conversation group among the queue's first ready messages (the
@@ -313,38 +329,122 @@ SELECT s.service_queue_id, r.priority, r.conversation_group_id, r.conversation_h
 -- arrived there leaves the transmission queue.
 DELETE FROM broker.transmissions WHERE transmission_id = ANY (%(ids)s::bigint[])
 
+-- The complete checked floors: each step of the local common case with everything the
+-- broker's own statement keeps for it, in as few statements as it allows. Service Broker's
+-- checks (the services, the contract and the direction of the message type, the endpoints'
+-- states, the queues enabled, the caller's permission), validation's type check (a type
+-- without validation, as the common case's), the largest message size, WAITFOR's wake-up, the
+-- counter the queue monitor reads, the attempts and the names RECEIVE returns, and poison
+-- detection's record with its check of the reader. Left out: replay protection's timestamps,
+-- the retention and transmission-queue paths (the statements find no row there and the broker
+-- goes its general way), and the ordering lock of the broker's record (docs/performance.md).
+
+-- send_checked --
+-- SEND of one message on an open local conversation, with its checks: the sender's endpoint
+-- CONVERSING and its conversation group locked, the message type one without validation that
+-- the contract lets this side send, the caller allowed to RECEIVE on the sending service's
+-- queue (Service Broker's rule), that queue without retention, nothing of the conversation in
+-- the transmission queue, the broker enabled, the peer open on an enabled queue; the message
+-- stored and WAITFOR woken.
+WITH sender AS (
+    SELECT ce.conversation_handle, ce.far_handle, ce.send_sequence, ce.service_contract_id,
+           ce.priority, mt.message_type_id
+      FROM broker.endpoints ce
+      JOIN broker.dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
+      JOIN broker.service_defs os ON os.service_id = ce.service_id
+      JOIN broker.queues oq ON oq.object_id = os.service_queue_id
+      JOIN broker.message_types mt ON mt.name = %(message_type)s
+     WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO' AND NOT ce.is_remote
+       AND NOT oq.is_retention_enabled AND mt.validation_kind = 'NONE'
+       AND octet_length(%(body)s::bytea) <= 2147483647
+       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
+                    WHERE u.service_contract_id = ce.service_contract_id
+                      AND u.message_type_id = mt.message_type_id
+                      AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
+                               ELSE u.is_sent_by_target END)
+       AND {_allowed(1, os.service_queue_id, 'RECEIVE')}
+       FOR NO KEY UPDATE OF ce, g
+), peer AS (
+    SELECT p.conversation_handle, p.conversation_group_id, p.service_id, ps.service_queue_id
+      FROM sender
+      JOIN broker.endpoints p ON p.conversation_handle = sender.far_handle
+      JOIN broker.service_defs ps ON ps.service_id = p.service_id
+      JOIN broker.queues pq ON pq.object_id = ps.service_queue_id
+     WHERE p.state NOT IN ('DO', 'CD') AND pq.is_enqueue_enabled
+       AND (SELECT is_broker_enabled FROM broker.broker_identity)
+       AND NOT EXISTS (SELECT 1 FROM broker.transmissions t
+                        WHERE t.conversation_handle = sender.conversation_handle)
+), stored AS (
+    INSERT INTO broker.queue_messages {_message_columns}
+    SELECT peer.service_queue_id, sender.priority, peer.conversation_group_id,
+           peer.conversation_handle, sender.send_sequence, 2, peer.service_id,
+           sender.service_contract_id, sender.message_type_id, %(body)s, gen_random_uuid(),
+           now() AT TIME ZONE 'UTC'
+      FROM sender, peer
+    RETURNING queue_id
+), numbered AS (
+    UPDATE broker.endpoints ce SET send_sequence = sender.send_sequence + 1
+      FROM sender
+     WHERE ce.conversation_handle = sender.conversation_handle
+       AND EXISTS (SELECT 1 FROM stored)
+)
+{_wake(stored)}
+
 -- dialog_begin_checked --
 WITH new AS (
     {_new_dialog}
       FROM broker.service_defs i, broker.service_defs t, broker.contracts c,
            broker.message_types mt, broker.queues tq
      WHERE i.name = %(initiator)s AND t.name = %(target)s AND c.name = %(contract)s
-       AND mt.name = %(message_type)s
+       AND mt.name = %(message_type)s AND mt.validation_kind = 'NONE'
        AND tq.object_id = t.service_queue_id AND tq.is_enqueue_enabled
        AND {_initiator_may_send(c.service_contract_id)}
        AND octet_length(%(body)s::bytea) <= 2147483647
        AND {_allowed(17, t.service_id, 'SEND')}
-), {_dialog_begin_writes}
+), {_dialog_begin_sides}, stored AS (
+    {_message0}
+    RETURNING queue_id
+)
+{_wake(stored)}
 
 -- receive_checked --
+-- RECEIVE with its checks: the queue one its name finds, enabled, without retention, that the
+-- caller may read, in READ COMMITTED; the RECEIVE counted for the queue monitor; each message
+-- with its names, its validation and its attempts.
 WITH q AS (
-    SELECT q.object_id FROM broker.queues q
-     WHERE q.name = %(queue)s AND q.is_receive_enabled
+    SELECT q.object_id, q.receive_counter FROM broker.queues q
+     WHERE q.name = %(queue)s AND q.is_receive_enabled AND NOT q.is_retention_enabled
+       AND current_setting('transaction_isolation') IN ('read committed',
+                                                        'read uncommitted')
        AND {_allowed(1, q.object_id, 'RECEIVE')}
 ), {_receive_taking((SELECT object_id FROM q), picked)}, taken AS (
     DELETE FROM broker.queue_messages m
      USING picked
      WHERE m.queuing_order = picked.queuing_order
     RETURNING m.*
+), counted AS (
+    SELECT nextval(q.receive_counter) FROM q WHERE EXISTS (SELECT 1 FROM taken)
 )
 SELECT t.conversation_handle, t.message_type_id, t.message_body, t.message_id,
        pg_current_xact_id()::text, t.conversation_group_id, t.message_sequence_number,
-       s.name, c.name, mt.name, t.priority, t.queuing_order
+       s.name, c.name, mt.name,
+       CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END,
+       t.priority, t.queuing_order, coalesce(a.attempts, 0)
   FROM taken t
+ CROSS JOIN counted
   JOIN broker.service_defs s ON s.service_id = t.service_id
   JOIN broker.contracts c ON c.service_contract_id = t.service_contract_id
   JOIN broker.message_types mt ON mt.message_type_id = t.message_type_id
+  LEFT JOIN broker.message_attempts a ON a.message_id = t.message_id
  ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number
+
+-- receive_record_checked --
+-- Poison detection's record with its check: only a reader of the queue records receives of
+-- it (a forged record could disable the queue), in the same INSERT.
+INSERT INTO broker.receive_log (queue_id, xid, message_ids, backend_pid, received_at)
+SELECT q.object_id, $2::xid8, $3::uuid[], $4::integer, now() AT TIME ZONE 'UTC'
+  FROM broker.queues q
+ WHERE q.object_id = $1::integer AND {_allowed(1, q.object_id, 'RECEIVE')}
 
 -- dialog_reply_and_end_checked --
 WITH own AS (
@@ -358,14 +458,18 @@ WITH own AS (
 ), {_peer_ended}
               own.service_contract_id, own.priority, own.message_type_id,
               ps.service_queue_id
+), stored AS (
+    INSERT INTO broker.queue_messages {_message_columns}
+    SELECT peer.service_queue_id, peer.priority, peer.conversation_group_id,
+           peer.conversation_handle, peer.sequence + x.n, 2, peer.service_id,
+           peer.service_contract_id, coalesce(x.type_id, peer.message_type_id), x.body,
+           gen_random_uuid(), now() AT TIME ZONE 'UTC'
+      FROM peer
+     CROSS JOIN (VALUES (0, NULL::integer, %(body)s::bytea), (1, 2, NULL::bytea))
+                AS x(n, type_id, body)
+    RETURNING queue_id
 )
-INSERT INTO broker.queue_messages {_message_columns}
-SELECT peer.service_queue_id, peer.priority, peer.conversation_group_id,
-       peer.conversation_handle, peer.sequence + x.n, 2, peer.service_id,
-       peer.service_contract_id, coalesce(x.type_id, peer.message_type_id), x.body,
-       gen_random_uuid(), now() AT TIME ZONE 'UTC'
-  FROM peer
- CROSS JOIN (VALUES (0, NULL::integer, %(body)s::bytea), (1, 2, NULL::bytea)) AS x(n, type_id, body)
+{_wake(stored)}
 
 -- dialog_end_checked --
 WITH gone AS (
@@ -398,16 +502,19 @@ WITH own AS (
      {_reply_checks}
     RETURNING ce.far_handle, ce.send_sequence - 1 AS sequence, ce.service_contract_id,
               ce.priority, mt.message_type_id
+), stored AS (
+    INSERT INTO broker.queue_messages {_message_columns}
+    SELECT ps.service_queue_id, own.priority, p.conversation_group_id, p.conversation_handle,
+           own.sequence, 2, p.service_id, own.service_contract_id, own.message_type_id,
+           %(body)s, gen_random_uuid(), now() AT TIME ZONE 'UTC'
+      FROM own
+      JOIN broker.endpoints p ON p.conversation_handle = own.far_handle
+                             AND p.state NOT IN ('DO', 'CD')
+      JOIN broker.service_defs ps ON ps.service_id = p.service_id
+      JOIN broker.queues pq ON pq.object_id = ps.service_queue_id AND pq.is_enqueue_enabled
+    RETURNING queue_id
 )
-INSERT INTO broker.queue_messages {_message_columns}
-SELECT ps.service_queue_id, own.priority, p.conversation_group_id, p.conversation_handle,
-       own.sequence, 2, p.service_id, own.service_contract_id, own.message_type_id,
-       %(body)s, gen_random_uuid(), now() AT TIME ZONE 'UTC'
-  FROM own
-  JOIN broker.endpoints p ON p.conversation_handle = own.far_handle
-                         AND p.state NOT IN ('DO', 'CD')
-  JOIN broker.service_defs ps ON ps.service_id = p.service_id
-  JOIN broker.queues pq ON pq.object_id = ps.service_queue_id AND pq.is_enqueue_enabled
+{_wake(stored)}
 
 -- dialog_end_target_checked --
 -- The target's END CONVERSATION after its reply, with its checks, as a statement of its own:
@@ -427,11 +534,15 @@ WITH own AS (
               ce.priority
 ), {_peer_ended}
               own.service_contract_id, own.priority, ps.service_queue_id
+), stored AS (
+    INSERT INTO broker.queue_messages {_message_columns}
+    SELECT service_queue_id, priority, conversation_group_id, conversation_handle, sequence,
+           2, service_id, service_contract_id, 2, NULL, gen_random_uuid(),
+           now() AT TIME ZONE 'UTC'
+      FROM peer
+    RETURNING queue_id
 )
-INSERT INTO broker.queue_messages {_message_columns}
-SELECT service_queue_id, priority, conversation_group_id, conversation_handle, sequence, 2,
-       service_id, service_contract_id, 2, NULL, gen_random_uuid(), now() AT TIME ZONE 'UTC'
-  FROM peer
+{_wake(stored)}
 
 -- begin_dialog_checked --
 -- BEGIN DIALOG alone, with its checks, as a statement of its own (SEND is another): the
@@ -465,7 +576,9 @@ WITH own AS (
       JOIN broker.service_defs t ON t.name = ce.far_service
       JOIN broker.queues tq ON tq.object_id = t.service_queue_id AND tq.is_enqueue_enabled
       JOIN broker.message_types mt ON mt.name = %(message_type)s
+                                  AND mt.validation_kind = 'NONE'
      WHERE ce.conversation_handle = %(handle)s AND ce.state = 'SO'
+       AND octet_length(%(body)s::bytea) <= 2147483647
        AND {_initiator_may_send(ce.service_contract_id)}
        AND {_allowed(17, t.service_id, 'SEND')}
        FOR NO KEY UPDATE OF ce
@@ -483,8 +596,11 @@ WITH own AS (
            target_id, conversation_handle, %(initiator)s,
            now + interval '2147483647 seconds', 'CO', now, 0
       FROM own
+), stored AS (
+    INSERT INTO broker.queue_messages {_message_columns}
+    SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id,
+           service_contract_id, message_type_id, %(body)s, gen_random_uuid(), now
+      FROM own
+    RETURNING queue_id
 )
-INSERT INTO broker.queue_messages {_message_columns}
-SELECT target_queue, 5, target_group, target_handle, 0, 2, target_id, service_contract_id,
-       message_type_id, %(body)s, gen_random_uuid(), now
-  FROM own
+{_wake(stored)}

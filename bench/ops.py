@@ -185,6 +185,15 @@ class SendFloor(_FloorStatement):
                        "body": self.body, "message_type": params.message_type}
 
 
+class SendFloorChecked(SendFloor):
+    """a and f's complete checked floor of SEND: floors.sql's send_checked, one transaction
+    per message."""
+
+    def __init__(self, dsn: str, worker: int, params: OpParams) -> None:
+        super().__init__(dsn, worker, params)
+        self.query = floors()["send_checked"]
+
+
 class SendFloorBatch(_FloorStatement):
     """k's floor of a producer: send_many of ``batch`` messages (floors.sql) on this worker's
     conversation, into the peer's queue or, for a service of another broker, into the
@@ -228,9 +237,10 @@ class ReceiveRecorder:
     receive_record), as the broker's RECEIVE keeps it: prepared on a side connection in
     autocommit and posted there without waiting for it, its answer read before the next one is
     posted, through the broker's own side channel (airflow_broker.poison.side_channel). The rows
-    taken carry the message id and the transaction id as their fourth and fifth columns."""
+    taken carry the message id and the transaction id as their fourth and fifth columns.
+    ``checked``: the record with its check of the reader (receive_record_checked)."""
 
-    def __init__(self, dsn: str, conn: Conn, queue: str) -> None:
+    def __init__(self, dsn: str, conn: Conn, queue: str, checked: bool = False) -> None:
         self.conn = conn
         row = conn.execute("SELECT object_id FROM broker.queues WHERE name = %s",
                            [queue]).fetchone()
@@ -239,11 +249,12 @@ class ReceiveRecorder:
             raise RuntimeError(f"no queue {queue}")
         self.queue_id = int(str(row[0]))
         self.side = SideChannel(dsn, "bench-floor-reader", None)
-        self.query = floors()["receive_record"].encode()
+        self.block = "receive_record_checked" if checked else "receive_record"
+        self.query = floors()[self.block].encode()
 
     def record(self, taken: list[TupleRow]) -> None:
         ids = ",".join(str(row[3]) for row in taken)
-        self.side.post_prepared(b"bench_receive_record", self.query, [
+        self.side.post_prepared(b"bench_" + self.block.encode(), self.query, [
             b"%d" % self.queue_id, str(taken[0][4]).encode(), b"{%s}" % ids.encode(),
             b"%d" % self.conn.info.backend_pid])
 
@@ -261,7 +272,8 @@ class ReceiveFloor(_Connected):
         super().__init__(dsn, worker, params)
         self.queue, self.top = params.queue, params.batch
         self.block = "receive_checked" if checked else "receive"
-        self.recorder = ReceiveRecorder(dsn, self.conn, self.queue) if checked else None
+        self.recorder = (ReceiveRecorder(dsn, self.conn, self.queue, checked=True)
+                         if checked else None)
 
     def __call__(self) -> int:
         with self.conn.transaction():
@@ -325,7 +337,9 @@ class _PollingFloorReader(_Connected):
     there are none, up to ``wait`` seconds, as pgmq's readers poll (0 messages then).
 
     ``recorded``: each receiving transaction also keeps poison detection's record
-    (ReceiveRecorder)."""
+    (ReceiveRecorder). ``checked``: the statements with everything the broker keeps, the
+    record with its check, and waiting as WAITFOR waits: registered among the queue's waiters
+    (once, for the reader's session) and woken by the writers' NOTIFY instead of polling."""
 
     SETTINGS = FLOOR_READER_SETTINGS
 
@@ -339,7 +353,20 @@ class _PollingFloorReader(_Connected):
         self.suffix = "_checked" if checked else ""
         self.wait = params.wait
         self.message_type = params.message_type
-        self.recorder = ReceiveRecorder(dsn, self.conn, queue) if recorded else None
+        self.recorder = (ReceiveRecorder(dsn, self.conn, queue, checked=checked)
+                         if recorded else None)
+        self.waiter: uuid.UUID | None = None
+        if checked:
+            self.waiter = uuid.uuid4()
+            with self.conn.transaction():
+                queue_id = self.conn.execute(
+                    "INSERT INTO broker.queue_waiters (waiter_id, queue_id, backend_pid, since)"
+                    " SELECT %s, object_id, pg_backend_pid(), now() AT TIME ZONE 'UTC'"
+                    " FROM broker.queues WHERE name = %s RETURNING queue_id",
+                    [self.waiter, queue]).fetchone()
+                if queue_id is None:
+                    raise RuntimeError(f"no queue {queue}")
+                self.conn.execute(f'LISTEN "broker_queue_{queue_id[0]}"')
 
     def record(self, taken: list[TupleRow]) -> None:
         if self.recorder is not None:
@@ -348,7 +375,21 @@ class _PollingFloorReader(_Connected):
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.close()
+        if self.waiter is not None:
+            with self.conn.transaction():
+                self.conn.execute("DELETE FROM broker.queue_waiters WHERE waiter_id = %s",
+                                  [self.waiter])
         super().close()
+
+    def pause(self, deadline: float) -> None:
+        """Until the queue may hold a message: a NOTIFY (one that came during the last
+        transaction is kept by the connection), or a millisecond when polling."""
+        if self.waiter is None:
+            time.sleep(0.001)
+            return
+        for _ in self.conn.notifies(timeout=max(0.0, min(0.1, deadline - time.monotonic())),
+                                    stop_after=1):
+            pass
 
     def act(self, taken: list[TupleRow]) -> int:
         """What the transaction does with the messages; returns what it moved."""
@@ -365,7 +406,7 @@ class _PollingFloorReader(_Connected):
                     return self.act(taken)
             if time.monotonic() > deadline:
                 return 0
-            time.sleep(0.001)
+            self.pause(deadline)
 
 
 class ReceiveFloorWait(_PollingFloorReader):

@@ -21,6 +21,7 @@ from bench.ops import (
     ReceiveFloorWait,
     SendFloor,
     SendFloorBatch,
+    SendFloorChecked,
     StepperFactory,
 )
 
@@ -43,6 +44,7 @@ LOAD_OPS: dict[str, OpFactory] = {
     "pgmq.reply_take": pgmq_ops.ReplyTake,
     "bare.insert": BareInsert,
     "bare.send_floor": SendFloor,
+    "bare.send_floor_checked": SendFloorChecked,
     "bare.receive_floor": ReceiveFloor,
     "bare.receive_floor_checked": ReceiveFloorChecked,
     "bare.send_floor_batch": SendFloorBatch,

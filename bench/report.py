@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-TargetKind = Literal["ratio_at_least", "ours_at_least", "ours_at_most"]
+TargetKind = Literal["ratio_at_least", "ratio_at_most", "ours_at_least", "ours_at_most"]
 # "unavailable": the scenario cannot run on this machine (e.g. no Java for Spark); "failed": it
 # ran and broke, while the other scenarios' results stand. The note says why.
 Status = Literal["measured", "not yet measurable", "unavailable", "failed", "skipped"]
@@ -24,10 +24,11 @@ class Target:
     text: str
 
     def verdict(self, ours: float | None, ratio: float | None) -> str:
-        measured = ratio if self.kind == "ratio_at_least" else ours
+        measured = ratio if self.kind.startswith("ratio") else ours
         if measured is None or math.isnan(measured):
             return "n/a"
-        passed = measured <= self.value if self.kind == "ours_at_most" else measured >= self.value
+        passed = (measured <= self.value if self.kind.endswith("at_most")
+                  else measured >= self.value)
         return "PASS" if passed else "MISS"
 
 
