@@ -163,3 +163,51 @@ def test_concurrent_first_sends_create_one_target_endpoint(broker: Broker, app: 
     with broker.transaction() as tx:
         messages = tx.receive("q_t")
     assert [m.message_sequence_number for m in messages] == list(range(8))
+
+
+def test_a_send_that_waited_for_its_conversation_goes_behind_the_message_it_waited_for(
+        app: App) -> None:
+    """Messages of a conversation arrive in the order their SENDs committed (spec 5). A SEND
+    that waits for the conversation's lock while the holder's SEND, to a disabled queue, goes to
+    the transmission queue must go behind it, though the target's queue was enabled before the
+    holder committed: the one-statement SEND reads the transmission queue with a snapshot taken
+    before the lock, so it leaves such a SEND to the general path, which reads after it."""
+    broker = app.broker
+    handle = app.dialog()
+    with broker.transaction() as tx:
+        tx.send(handle, "Req", b"0")
+        tx.alter_queue("q_t", status=False)
+    with psycopg.connect(broker.dsn) as holder:
+        broker.session(holder).send(handle, "Req", b"1")
+        with broker.transaction() as tx:
+            tx.alter_queue("q_t", status=True)
+        failures: list[BaseException] = []
+
+        def send_second() -> None:
+            try:
+                with psycopg.connect(broker.dsn, application_name="second-send") as conn:
+                    broker.session(conn).send(handle, "Req", b"2")
+            except BaseException as exc:  # reported by the test's thread below
+                failures.append(exc)
+
+        second = threading.Thread(target=send_second)
+        second.start()
+        with psycopg.connect(broker.dsn, autocommit=True) as watcher:
+            deadline = time.monotonic() + 30
+            while not watcher.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'second-send'"
+                    " AND wait_event_type = 'Lock'").fetchone():
+                assert time.monotonic() < deadline, "the second SEND never waited for the lock"
+                time.sleep(0.01)
+        holder.commit()
+        second.join(30)
+    assert not second.is_alive() and failures == []
+    # The second waits behind the first, for the transport's next attempt, rather than
+    # overtaking it on the queue.
+    with psycopg.connect(broker.dsn) as conn:
+        held = conn.execute("SELECT message_sequence_number FROM broker.transmission_queue"
+                            " ORDER BY message_sequence_number").fetchall()
+    assert held == [(1,), (2,)]
+    with broker.transaction() as tx:
+        received = tx.receive("q_t")
+    assert [m.message_body for m in received] == [b"0"]

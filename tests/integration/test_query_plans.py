@@ -19,6 +19,7 @@ import pytest
 from airflow_broker import END_DIALOG, ERROR, Broker
 from airflow_broker.worker.transport import Transport
 from tests.support.brokers import App, Pair, advance
+from tests.support.helpers import count
 
 GROWING = ("endpoints", "dialog_groups", "queue_messages")
 
@@ -439,3 +440,34 @@ def test_the_quarantine_page_reads_the_oldest_it_lists_not_the_whole_quarantine(
     assert [n for (n,) in listed] == list(range(1, 51))
     assert read < 100
     assert groups == (1, 2000)
+
+
+def test_the_common_send_runs_one_statement(app: App) -> None:
+    """A SEND of a type without validation on an open local conversation is one statement in
+    the broker's send(): the lookups, the checks, the lock, the message and the endpoint's
+    numbering together. A new session plans each statement it runs once, so its first SEND's
+    plans count them: the client's call, that statement and the PL/pgSQL conditions around it
+    (12), where the lookup, the checks and the delivery apart planned 30. A SEND the common
+    case does not cover (here: the sender's queue keeps what it sends) still goes the general
+    way, after the one statement found nothing to do."""
+    handle = app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(handle, "Req", b"message 0")
+
+    def plans_of_a_first_send() -> int:
+        plans: list[str] = []
+        with psycopg.connect(app.broker.dsn) as conn:
+            _count_plans(conn, plans)
+            plans.clear()
+            app.broker.session(conn).send(handle, "Req", b"later")
+        return len(plans)
+
+    common = plans_of_a_first_send()
+    assert common <= 12
+    with app.broker.transaction() as tx:
+        tx.alter_queue("q_i", retention=True)
+    assert plans_of_a_first_send() > 3 * common
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t")
+    assert [m.message_body for m in received] == [b"message 0", b"later", b"later"]
+    assert count(app.broker, "SELECT count(*) FROM broker.queue_messages WHERE status = 3") == 1

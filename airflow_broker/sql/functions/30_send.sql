@@ -324,6 +324,90 @@ BEGIN
             PERFORM raise_error(50102, v_missing::text);
         END IF;
     END IF;
+    IF cardinality(p_handles) = 1 AND (p_body IS NOT NULL OR coalesce(p_body_omitted, false))
+       AND coalesce(octet_length(v_body), 0) <= max_message_size() THEN
+        -- The common SEND in one statement: a data message of a type without validation on
+        -- a conversation whose peer is in this broker, open, on an enabled queue, with
+        -- nothing ahead of it in the transmission queue, sent by a reader of its own
+        -- service's queue (spec 7), without retention. It does what the lookup, the checks
+        -- and send_local below do for it; when any condition does not hold it finds no
+        -- row, writes nothing, and the general path decides and raises the errors.
+        -- The peer and the transmission queue are read with the statement's snapshot, taken
+        -- before the endpoint's lock: the endpoint's row version must be the one that
+        -- snapshot saw (its xmin), so a SEND or END that changed the conversation while this
+        -- one waited for the lock (and may have put a message in the transmission queue this
+        -- snapshot cannot see) sends this one the general way, which reads after the lock.
+        -- explain send_ready: p_handles uuid[], p_message_type text, v_body bytea
+        WITH sender AS (
+            SELECT ce.conversation_handle, ce.far_handle, ce.send_sequence, ce.priority,
+                   ce.service_contract_id, mt.message_type_id
+              FROM endpoints ce
+              JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
+              JOIN service_defs s ON s.service_id = ce.service_id
+              JOIN queues q ON q.object_id = s.service_queue_id
+              JOIN message_types mt ON mt.name = p_message_type
+              JOIN contract_message_usages u
+                ON u.service_contract_id = ce.service_contract_id
+               AND u.message_type_id = mt.message_type_id
+             WHERE ce.conversation_handle = p_handles[1]
+               AND ce.state = 'CO' AND ce.far_handle IS NOT NULL AND NOT ce.is_remote
+               AND mt.validation_kind = 'NONE' AND mt.message_type_id > 2
+               AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
+                        ELSE u.is_sent_by_target END
+               AND NOT q.is_retention_enabled
+               AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint,
+                                           s.service_queue_id, q.principal_id))
+               AND ce.xmin = (SELECT seen.xmin FROM endpoints seen
+                               WHERE seen.conversation_handle = p_handles[1])
+               FOR NO KEY UPDATE OF ce, g
+        ), peer AS (
+            SELECT p.conversation_handle, p.conversation_group_id, p.service_id,
+                   p.flag_sent_at, ps.service_queue_id, utc_now() AS now
+              FROM sender
+              JOIN endpoints p ON p.conversation_handle = sender.far_handle
+              JOIN service_defs ps ON ps.service_id = p.service_id
+              JOIN queues pq ON pq.object_id = ps.service_queue_id
+             WHERE p.state NOT IN ('DO', 'CD') AND pq.is_enqueue_enabled
+               AND (SELECT is_broker_enabled FROM broker_identity)
+               AND NOT EXISTS (SELECT 1 FROM transmissions t
+                                WHERE t.conversation_handle = sender.conversation_handle)
+        ), delivered AS (
+            INSERT INTO queue_messages (queue_id, priority, conversation_group_id,
+                                        conversation_handle, message_sequence_number,
+                                        precedence, service_id, service_contract_id,
+                                        message_type_id, message_body, message_id, enqueued_at)
+            SELECT peer.service_queue_id, sender.priority, peer.conversation_group_id,
+                   peer.conversation_handle, sender.send_sequence, 2, peer.service_id,
+                   sender.service_contract_id, sender.message_type_id, v_body,
+                   gen_random_uuid(), peer.now
+              FROM sender, peer
+            RETURNING queue_id
+        ), counted AS (
+            -- As send_local below sets them.
+            UPDATE endpoints ce
+               SET send_sequence = sender.send_sequence + 1,
+                   flag_sent_at = CASE WHEN ce.flag_sent_at IS NULL AND ce.is_initiator
+                                            AND ce.message0_xid <> pg_current_xact_id()
+                                       THEN peer.now ELSE ce.flag_sent_at END,
+                   security_timestamp =
+                       CASE WHEN NOT ce.is_initiator
+                                 AND ce.security_timestamp = '1900-01-01'
+                            THEN coalesce(peer.flag_sent_at, peer.now)
+                                 + interval '30 minutes'
+                            ELSE ce.security_timestamp END
+              FROM sender, peer
+             WHERE ce.conversation_handle = sender.conversation_handle
+        )
+        SELECT d.queue_id, EXISTS (SELECT 1 FROM queue_waiters w
+                                    WHERE w.queue_id = d.queue_id)
+          INTO v_queue, v_waiters FROM delivered d;
+        IF v_queue IS NOT NULL THEN
+            IF v_waiters THEN
+                PERFORM wake_waiters(v_queue);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
     SELECT * INTO v_type FROM message_types WHERE name = p_message_type;
     IF NOT FOUND THEN
         PERFORM raise_error(8428, coalesce(p_message_type, 'NULL'));
