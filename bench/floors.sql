@@ -117,6 +117,14 @@ taken_group AS (
      LIMIT %(top)s
 )
 
+-- _side_may_send --
+-- The message type mt is one the contract of endpoint ce lets its side send.
+EXISTS (SELECT 1 FROM broker.contract_message_usages u
+         WHERE u.service_contract_id = ce.service_contract_id
+           AND u.message_type_id = mt.message_type_id
+           AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
+                    ELSE u.is_sent_by_target END)
+
 -- _reply_checks --
 -- What the target's reply is checked for (ce its endpoint, os its service, mt the message
 -- type): the endpoint CONVERSING with nothing in the transmission queue, the message type
@@ -129,11 +137,7 @@ WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO'
   AND os.service_id = ce.service_id
   AND mt.name = %(message_type)s AND mt.validation_kind = 'NONE'
   AND octet_length(%(body)s::bytea) <= 2147483647
-  AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
-               WHERE u.service_contract_id = ce.service_contract_id
-                 AND u.message_type_id = mt.message_type_id
-                 AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
-                          ELSE u.is_sent_by_target END)
+  AND {_side_may_send}
   AND {_allowed(1, os.service_queue_id, 'RECEIVE')}
 
 -- _peer_ended --
@@ -357,11 +361,7 @@ WITH sender AS (
      WHERE ce.conversation_handle = %(handle)s AND ce.state = 'CO' AND NOT ce.is_remote
        AND NOT oq.is_retention_enabled AND mt.validation_kind = 'NONE'
        AND octet_length(%(body)s::bytea) <= 2147483647
-       AND EXISTS (SELECT 1 FROM broker.contract_message_usages u
-                    WHERE u.service_contract_id = ce.service_contract_id
-                      AND u.message_type_id = mt.message_type_id
-                      AND CASE WHEN ce.is_initiator THEN u.is_sent_by_initiator
-                               ELSE u.is_sent_by_target END)
+       AND {_side_may_send}
        AND {_allowed(1, os.service_queue_id, 'RECEIVE')}
        FOR NO KEY UPDATE OF ce, g
 ), peer AS (
