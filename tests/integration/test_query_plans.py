@@ -471,3 +471,32 @@ def test_the_common_send_runs_one_statement(app: App) -> None:
         received = tx.receive("q_t")
     assert [m.message_body for m in received] == [b"message 0", b"later", b"later"]
     assert count(app.broker, "SELECT count(*) FROM broker.queue_messages WHERE status = 3") == 1
+
+
+def test_message_0_runs_one_statement(app: App) -> None:
+    """The initiator's first SEND to a service in this broker is one statement too: the lookup
+    of the target service, its contract, the right to SEND to it, the target's endpoint and
+    group, the message and the initiator's endpoint opened: a new session plans 22 statements
+    for it (the foreign keys' checks among them), where deliver() and the general path planned
+    91. A route that names the target service sends message 0 the
+    general way, which reads the routes; either way the target gets it on an open dialog."""
+    def plans_of_a_first_message_0() -> int:
+        with app.broker.transaction() as tx:
+            handle = tx.begin_dialog("I", "T", "C")
+        plans: list[str] = []
+        with psycopg.connect(app.broker.dsn) as conn:
+            _count_plans(conn, plans)
+            plans.clear()
+            app.broker.session(conn).send(handle, "Req", b"message 0")
+        return len(plans)
+
+    common = plans_of_a_first_message_0()
+    assert common <= 24
+    with app.broker.transaction() as tx:
+        tx.create_route("to_t", "LOCAL", service_name="T")
+    assert plans_of_a_first_message_0() > 3 * common
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t") + tx.receive("q_t") + tx.receive("q_t")
+    assert [m.message_body for m in received] == [b"message 0", b"message 0"]
+    states = count(app.broker, "SELECT count(*) FROM broker.endpoints WHERE state = 'CO'")
+    assert states == 4
