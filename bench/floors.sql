@@ -30,6 +30,12 @@
                    AND p.permission IN ({2}, 'CONTROL') AND p.state <> 'D'
                    AND pg_has_role(session_user, p.grantee, 'MEMBER')))
 
+-- _may_begin --
+-- BEGIN DIALOG's rights: RECEIVE on the queue of the initiating service i, REFERENCES on the
+-- contract c.
+{_allowed(1, i.service_queue_id, 'RECEIVE')}
+AND {_allowed(16, c.service_contract_id, 'REFERENCES')}
+
 -- _new_dialog --
 -- A new dialog's ids and what BEGIN DIALOG finds by name (the columns of dialog_begin's
 -- new).
@@ -400,6 +406,7 @@ WITH new AS (
        AND tq.object_id = t.service_queue_id AND tq.is_enqueue_enabled
        AND {_initiator_may_send(c.service_contract_id)}
        AND octet_length(%(body)s::bytea) <= 2147483647
+       AND {_may_begin}
        AND {_allowed(17, t.service_id, 'SEND')}
 ), {_dialog_begin_sides}, stored AS (
     {_message0}
@@ -546,11 +553,13 @@ WITH own AS (
 
 -- begin_dialog_checked --
 -- BEGIN DIALOG alone, with its checks, as a statement of its own (SEND is another): the
--- initiator's endpoint, STARTED_OUTBOUND, in a conversation group of its own.
+-- caller's rights, the initiator's endpoint, STARTED_OUTBOUND, in a conversation group of its
+-- own.
 WITH new AS (
     SELECT i.service_id, c.service_contract_id, now() AT TIME ZONE 'UTC' AS now
       FROM broker.service_defs i, broker.contracts c
      WHERE i.name = %(initiator)s AND c.name = %(contract)s
+       AND {_may_begin}
 ), grouped AS (
     INSERT INTO broker.dialog_groups (conversation_group_id, service_id)
     SELECT %(group)s, service_id FROM new
