@@ -248,7 +248,10 @@ class ReceiveRecorder:
         if row is None:
             raise RuntimeError(f"no queue {queue}")
         self.queue_id = int(str(row[0]))
-        self.side = SideChannel(dsn, "bench-floor-reader", None)
+        # Named after its reader ("-side" added), as the broker's own side channel, so that
+        # bench.dialog_cost finds the side backend of the reader it measures.
+        reader = conn.info.get_parameters().get("application_name")
+        self.side = SideChannel(dsn, reader or "bench-floor-reader", None)
         self.block = "receive_record_checked" if checked else "receive_record"
         self.query = floors()[self.block].encode()
 

@@ -75,7 +75,8 @@ def test_the_benchmark_explains_the_functions_own_statements(dsn: str) -> None:
     """bench/profiling.py explains the statements marked in sql/functions: each one is found,
     and plans against an installed schema as it stands in its function."""
     statements = engine_statements()
-    assert set(statements) == {"send_ready", "send_first", "send_endpoint", "send_local", "send_pending",
+    assert set(statements) == {"begin_ready", "send_ready", "send_first", "send_endpoint",
+                               "send_local", "send_pending",
                                "deliver_far_endpoint", "deliver_insert", "send_update_endpoint",
                                "end_local", "end_closed", "receive_lock_group", "receive_take",
                                "receive_ready", "register_receive"}

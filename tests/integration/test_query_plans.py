@@ -500,3 +500,31 @@ def test_message_0_runs_one_statement(app: App) -> None:
     assert [m.message_body for m in received] == [b"message 0", b"message 0"]
     states = count(app.broker, "SELECT count(*) FROM broker.endpoints WHERE state = 'CO'")
     assert states == 4
+
+
+def test_the_common_begin_dialog_runs_one_statement(app: App) -> None:
+    """BEGIN DIALOG without a related conversation or group is one statement: both names
+    looked up, RECEIVE on the FROM service's queue and REFERENCES on the contract checked, the
+    group and the endpoint created: a new session plans 21 statements for it (its session's
+    own and the foreign keys' checks among them), where the lookups, the checks and the
+    inserts apart planned 31. With a related conversation group it goes the general way, and
+    either way the dialog begins."""
+    def plans_of_a_first_begin(**related: uuid.UUID) -> tuple[int, uuid.UUID]:
+        plans: list[str] = []
+        with psycopg.connect(app.broker.dsn) as conn:
+            _count_plans(conn, plans)
+            plans.clear()
+            handle = app.broker.session(conn).begin_dialog("I", "T", "C", **related)
+            conn.commit()
+        return len(plans), handle
+
+    common, first = plans_of_a_first_begin()
+    general, second = plans_of_a_first_begin(related_conversation_group=uuid.uuid4())
+    assert common <= 22
+    assert general >= common + 8
+    with app.broker.transaction() as tx:
+        for handle in (first, second):
+            tx.send(handle, "Req", b"request")
+    with app.broker.transaction() as tx:
+        received = tx.receive("q_t") + tx.receive("q_t")
+    assert sorted(m.message_body for m in received) == [b"request", b"request"]

@@ -29,6 +29,7 @@ DECLARE
     v_contract_id integer;
     v_may_reference boolean;
     v_group uuid;
+    v_begun uuid;
     v_group_service integer;
     v_handle uuid := coalesce(p_conversation_handle, gen_random_uuid());
     v_now timestamp := utc_now();
@@ -57,6 +58,50 @@ BEGIN
     END IF;
     IF p_related_conversation IS NOT NULL AND p_related_conversation_group IS NOT NULL THEN
         PERFORM raise_error(8414, p_related_conversation_group::text);
+    END IF;
+
+    IF p_related_conversation IS NULL AND p_related_conversation_group IS NULL THEN
+        -- The common BEGIN DIALOG in one statement: both names found, the caller allowed
+        -- RECEIVE on the FROM service's queue and REFERENCES on the contract (spec 6), the
+        -- group and the endpoint created. When either is missing or refused it finds nothing,
+        -- writes nothing, and the way below raises the error.
+        -- explain begin_ready: p_from_service text, p_contract text, v_handle uuid,
+        --   p_to_service text, v_instance text, v_now timestamp, p_lifetime integer,
+        --   p_encryption boolean
+        WITH found AS (
+            SELECT s.service_id, c.service_contract_id, gen_random_uuid() AS group_id
+              FROM service_defs s
+              JOIN queues q ON q.object_id = s.service_queue_id
+              JOIN contracts c ON c.name = p_contract
+             WHERE s.name = p_from_service
+               AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint, q.object_id,
+                                           q.principal_id))
+               AND (SELECT * FROM role_may(session_user, 'REFERENCES', 16::smallint,
+                                           c.service_contract_id, c.principal_id))
+        ), grouped AS (
+            INSERT INTO dialog_groups (conversation_group_id, service_id)
+            SELECT group_id, service_id FROM found
+        ), begun AS (
+            INSERT INTO endpoints (
+                conversation_handle, conversation_id, is_initiator, service_contract_id,
+                conversation_group_id, service_id, far_service, to_broker_instance, lifetime,
+                state, is_encrypted, created_at)
+            SELECT v_handle, gen_random_uuid(), true, service_contract_id, group_id, service_id,
+                   p_to_service, v_instance, v_now + make_interval(secs => p_lifetime), 'SO',
+                   p_encryption, v_now
+              FROM found
+            ON CONFLICT (conversation_handle) DO NOTHING
+            RETURNING conversation_handle
+        )
+        SELECT f.service_id, b.conversation_handle INTO v_service_id, v_begun
+          FROM found f LEFT JOIN begun b ON true;
+        IF v_service_id IS NOT NULL THEN
+            -- Only a handle the caller gave can be taken; the error undoes the group.
+            IF v_begun IS NULL THEN
+                PERFORM raise_error(50125, v_handle::text);
+            END IF;
+            RETURN v_handle;
+        END IF;
     END IF;
 
     -- RECEIVE on the FROM service's queue and REFERENCES on the contract (spec 6), each read

@@ -288,6 +288,11 @@ BEGIN
 END
 $$;
 
+-- join_collapse_limit = 1: the joins run in the order written, from the endpoint found by its
+-- handle. Before the tables have statistics the planner would start the one-statement SENDs
+-- from the message type and reach the endpoint through its contract's index, a read of every
+-- endpoint of the contract: message 0 went from 1.3 ms to 1.8 ms a dialog over the second
+-- thousand dialogs of a new broker, and stays at 1.1 ms with the setting.
 CREATE OR REPLACE FUNCTION send(
     p_handles uuid[],
     p_message_type text,
@@ -296,7 +301,7 @@ CREATE OR REPLACE FUNCTION send(
     p_checked_as text,
     p_xml_error text)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
-SET enable_seqscan = off AS $$
+SET enable_seqscan = off SET join_collapse_limit = 1 AS $$
 DECLARE
     v_type message_types;
     v_body bytea := nullif(p_body, '\x'::bytea);
