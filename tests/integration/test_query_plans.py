@@ -509,17 +509,18 @@ def test_the_common_begin_dialog_runs_one_statement(app: App) -> None:
     own and the foreign keys' checks among them), where the lookups, the checks and the
     inserts apart planned 31. With a related conversation group it goes the general way, and
     either way the dialog begins."""
-    def plans_of_a_first_begin(**related: uuid.UUID) -> tuple[int, uuid.UUID]:
+    def plans_of_a_first_begin(group: uuid.UUID | None = None) -> tuple[int, uuid.UUID]:
         plans: list[str] = []
         with psycopg.connect(app.broker.dsn) as conn:
             _count_plans(conn, plans)
             plans.clear()
-            handle = app.broker.session(conn).begin_dialog("I", "T", "C", **related)
+            handle = app.broker.session(conn).begin_dialog(
+                "I", "T", "C", related_conversation_group=group)
             conn.commit()
         return len(plans), handle
 
     common, first = plans_of_a_first_begin()
-    general, second = plans_of_a_first_begin(related_conversation_group=uuid.uuid4())
+    general, second = plans_of_a_first_begin(uuid.uuid4())
     assert common <= 22
     assert general >= common + 8
     with app.broker.transaction() as tx:
@@ -527,4 +528,4 @@ def test_the_common_begin_dialog_runs_one_statement(app: App) -> None:
             tx.send(handle, "Req", b"request")
     with app.broker.transaction() as tx:
         received = tx.receive("q_t") + tx.receive("q_t")
-    assert sorted(m.message_body for m in received) == [b"request", b"request"]
+    assert [m.message_body for m in received] == [b"request", b"request"]
