@@ -165,7 +165,8 @@ def test_client_cost_reports_ours_and_plain_psycopg_side_by_side(bench_dsn: str)
         assert float(ratio.rstrip("x")) > 0
     assert all(row[4] == "1.00x" for row in rows[1::2])
     # The warm-up and the round of each side: every SEND a message of 100 bytes on the queue,
-    # every END an EndDialog after its dialog's first (empty) message.
+    # every END an EndDialog after its dialog's first (empty) message; every RECEIVE took one
+    # of the messages sent for it, and left none.
     each = 2 * (20 + 2)
     with psycopg.connect(bench_dsn) as conn:
         bodies: dict[int, int] = dict(conn.execute(
