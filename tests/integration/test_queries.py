@@ -78,7 +78,8 @@ def test_the_benchmark_explains_the_functions_own_statements(dsn: str) -> None:
     assert set(statements) == {"begin_ready", "send_ready", "send_first", "send_endpoint",
                                "send_local", "send_pending",
                                "deliver_far_endpoint", "deliver_insert", "send_update_endpoint",
-                               "end_local", "end_closed", "receive_lock_group", "receive_take",
+                               "end_lock", "end_local", "end_closed", "receive_lock_group",
+                               "receive_take",
                                "receive_ready", "register_receive"}
     failures = {}
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -529,3 +529,31 @@ def test_the_common_begin_dialog_runs_one_statement(app: App) -> None:
     with app.broker.transaction() as tx:
         received = tx.receive("q_t") + tx.receive("q_t")
     assert [m.message_body for m in received] == [b"request", b"request"]
+
+
+def test_end_conversation_locks_its_endpoint_in_one_statement(app: App) -> None:
+    """END CONVERSATION finds, checks and locks its endpoint in one statement (the endpoint
+    and its group locked where the caller may RECEIVE on its service's queue): a new
+    session plans 17 statements for the target's END of a dialog, where lock_endpoint()'s
+    call and its two statements made it 21; the initiator then receives the EndDialog. A
+    login without that right still gets its error from lock_endpoint() (the permission
+    matrix in tests/least_privilege)."""
+    def plans_of_a_first_end() -> int:
+        handle = app.dialog()
+        with app.broker.transaction() as tx:
+            tx.send(handle, "Req", b"request")
+        plans: list[str] = []
+        with psycopg.connect(app.broker.dsn) as conn:
+            session = app.broker.session(conn)
+            (request,) = session.receive("q_t")
+            conn.commit()
+            _count_plans(conn, plans)
+            plans.clear()
+            session.end_conversation(request.conversation_handle)
+            conn.commit()
+        return len(plans)
+
+    assert plans_of_a_first_end() <= 17
+    with app.broker.transaction() as tx:
+        messages = tx.receive("q_i")
+    assert [m.message_type_name for m in messages] == [END_DIALOG]

@@ -48,7 +48,7 @@ CREATE OR REPLACE FUNCTION end_conversation(p_handle uuid, p_with_error boolean,
 RETURNS text LANGUAGE plpgsql SET search_path FROM CURRENT
 SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    e endpoints := lock_endpoint(p_handle);
+    e endpoints;
     v_service text;
     v_type integer;
     v_body bytea;
@@ -58,6 +58,23 @@ DECLARE
     v_queue integer;
     v_group uuid;
 BEGIN
+    -- The endpoint and its group locked, when the caller may RECEIVE on its service's queue:
+    -- what lock_endpoint() does, in one statement instead of a call and two. Anything else
+    -- (no such handle, no right, NULL) goes to lock_endpoint(), which raises the error or
+    -- lets the broker itself act.
+    -- explain end_lock: p_handle uuid
+    SELECT ce.* INTO e
+      FROM endpoints ce
+      JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
+      JOIN service_defs s ON s.service_id = ce.service_id
+      JOIN queues q ON q.object_id = s.service_queue_id
+     WHERE ce.conversation_handle = p_handle
+       AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint, q.object_id,
+                                   q.principal_id))
+       FOR NO KEY UPDATE OF ce, g;
+    IF NOT FOUND THEN
+        e := lock_endpoint(p_handle);
+    END IF;
     IF p_with_error THEN
         IF p_error_code IS NULL AND p_error_description IS NULL THEN
             PERFORM raise_error(8419);
