@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
 
-from airflow_broker import END_DIALOG, ERROR, Broker
+from airflow_broker import END_DIALOG, ERROR, Broker, Message, Transaction
 from airflow_broker.worker.transport import Transport
 from tests.support.brokers import App, Pair, advance
 from tests.support.helpers import count
 
 GROWING = ("endpoints", "dialog_groups", "queue_messages")
+T = TypeVar("T")
 
 
 def _sequential_scans(conn: psycopg.Connection) -> dict[str, int]:
@@ -295,6 +296,24 @@ def _count_plans(conn: psycopg.Connection[Any], plans: list[str]) -> None:
     conn.autocommit = autocommit
 
 
+def _plans_in_a_new_session(app: App, act: Callable[[Transaction], T],
+                            prepare: Callable[[Transaction], object] | None = None
+                            ) -> tuple[int, T]:
+    """How many statements a new session plans for ``act`` (after ``prepare``, committed
+    first in the same session, is not counted), and what ``act`` returned; committed."""
+    plans: list[str] = []
+    with psycopg.connect(app.broker.dsn) as conn:
+        session = app.broker.session(conn)
+        if prepare is not None:
+            prepare(session)
+            conn.commit()
+        _count_plans(conn, plans)
+        plans.clear()
+        result = act(session)
+        conn.commit()
+    return len(plans), result
+
+
 def _count_plans_of_new_connections(monkeypatch: pytest.MonkeyPatch, plans: list[str]) -> None:
     """The same for connections a Broker opens with psycopg.connect (WAITFOR's listener, the
     transport's far broker), not from its pool."""
@@ -447,7 +466,7 @@ def test_the_common_send_runs_one_statement(app: App) -> None:
     the broker's send(): the lookups, the checks, the lock, the message and the endpoint's
     numbering together. A new session plans each statement it runs once, so its first SEND's
     plans count them: the client's call, that statement and the PL/pgSQL conditions around it
-    (12), where the lookup, the checks and the delivery apart planned 30. A SEND the common
+    (13), where the lookup, the checks and the delivery apart planned 30. A SEND the common
     case does not cover (here: the sender's queue keeps what it sends) still goes the general
     way, after the one statement found nothing to do."""
     handle = app.dialog()
@@ -455,15 +474,10 @@ def test_the_common_send_runs_one_statement(app: App) -> None:
         tx.send(handle, "Req", b"message 0")
 
     def plans_of_a_first_send() -> int:
-        plans: list[str] = []
-        with psycopg.connect(app.broker.dsn) as conn:
-            _count_plans(conn, plans)
-            plans.clear()
-            app.broker.session(conn).send(handle, "Req", b"later")
-        return len(plans)
+        return _plans_in_a_new_session(app, lambda s: s.send(handle, "Req", b"later"))[0]
 
     common = plans_of_a_first_send()
-    assert common <= 12
+    assert common <= 13
     with app.broker.transaction() as tx:
         tx.alter_queue("q_i", retention=True)
     assert plans_of_a_first_send() > 3 * common
@@ -478,17 +492,12 @@ def test_message_0_runs_one_statement(app: App) -> None:
     of the target service, its contract, the right to SEND to it, the target's endpoint and
     group, the message and the initiator's endpoint opened: a new session plans 22 statements
     for it (the foreign keys' checks among them), where deliver() and the general path planned
-    91. A route that names the target service sends message 0 the
-    general way, which reads the routes; either way the target gets it on an open dialog."""
+    91. A route that names the target service sends message 0 the general way, which reads
+    the routes; either way the target gets it on an open dialog."""
     def plans_of_a_first_message_0() -> int:
         with app.broker.transaction() as tx:
             handle = tx.begin_dialog("I", "T", "C")
-        plans: list[str] = []
-        with psycopg.connect(app.broker.dsn) as conn:
-            _count_plans(conn, plans)
-            plans.clear()
-            app.broker.session(conn).send(handle, "Req", b"message 0")
-        return len(plans)
+        return _plans_in_a_new_session(app, lambda s: s.send(handle, "Req", b"message 0"))[0]
 
     common = plans_of_a_first_message_0()
     assert common <= 24
@@ -510,14 +519,8 @@ def test_the_common_begin_dialog_runs_one_statement(app: App) -> None:
     inserts apart planned 31. With a related conversation group it goes the general way, and
     either way the dialog begins."""
     def plans_of_a_first_begin(group: uuid.UUID | None = None) -> tuple[int, uuid.UUID]:
-        plans: list[str] = []
-        with psycopg.connect(app.broker.dsn) as conn:
-            _count_plans(conn, plans)
-            plans.clear()
-            handle = app.broker.session(conn).begin_dialog(
-                "I", "T", "C", related_conversation_group=group)
-            conn.commit()
-        return len(plans), handle
+        return _plans_in_a_new_session(app, lambda s: s.begin_dialog(
+            "I", "T", "C", related_conversation_group=group))
 
     common, first = plans_of_a_first_begin()
     general, second = plans_of_a_first_begin(uuid.uuid4())
@@ -542,16 +545,10 @@ def test_end_conversation_locks_its_endpoint_in_one_statement(app: App) -> None:
         handle = app.dialog()
         with app.broker.transaction() as tx:
             tx.send(handle, "Req", b"request")
-        plans: list[str] = []
-        with psycopg.connect(app.broker.dsn) as conn:
-            session = app.broker.session(conn)
-            (request,) = session.receive("q_t")
-            conn.commit()
-            _count_plans(conn, plans)
-            plans.clear()
-            session.end_conversation(request.conversation_handle)
-            conn.commit()
-        return len(plans)
+        received: list[Message] = []
+        return _plans_in_a_new_session(
+            app, lambda s: s.end_conversation(received[0].conversation_handle),
+            prepare=lambda s: received.extend(s.receive("q_t")))[0]
 
     assert plans_of_a_first_end() <= 17
     with app.broker.transaction() as tx:

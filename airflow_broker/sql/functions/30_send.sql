@@ -292,7 +292,11 @@ $$;
 -- handle. Before the tables have statistics the planner would start the one-statement SENDs
 -- from the message type and reach the endpoint through its contract's index, a read of every
 -- endpoint of the contract: message 0 went from 1.3 ms to 1.8 ms a dialog over the second
--- thousand dialogs of a new broker, and stays at 1.1 ms with the setting.
+-- thousand dialogs of a new broker, and stays at 1.1 ms with the setting. Generic plans: as
+-- the tables grow, PostgreSQL would weigh a custom plan of a one-statement SEND cheaper than
+-- its generic one on some calls and plan it again on each of them
+-- (test_a_dialogs_statements_are_planned_once_a_session_when_one_conversation_holds_many
+-- failed about one run in three on a loaded machine without it); every lookup is by key.
 CREATE OR REPLACE FUNCTION send(
     p_handles uuid[],
     p_message_type text,
@@ -301,7 +305,8 @@ CREATE OR REPLACE FUNCTION send(
     p_checked_as text,
     p_xml_error text)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT
-SET enable_seqscan = off SET join_collapse_limit = 1 AS $$
+SET enable_seqscan = off SET join_collapse_limit = 1
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_type message_types;
     v_body bytea := nullif(p_body, '\x'::bytea);
@@ -406,96 +411,92 @@ BEGIN
         SELECT d.queue_id, EXISTS (SELECT 1 FROM queue_waiters w
                                     WHERE w.queue_id = d.queue_id)
           INTO v_queue, v_waiters FROM delivered d;
-        IF v_queue IS NOT NULL THEN
-            IF v_waiters THEN
-                PERFORM wake_waiters(v_queue);
-            END IF;
-            RETURN;
+        IF v_queue IS NULL THEN
+            -- Message 0 in one statement: the initiator's first SEND on a dialog whose
+            -- target service is in this broker, found as deliver() finds it (no route names
+            -- the service, the route to any service is LOCAL, or the dialog names this
+            -- broker), accepting the contract, its owner allowed to SEND to it (spec 6), its
+            -- queue enabled. It creates the target's endpoint in a group of its own, stores
+            -- the message and opens and numbers the initiator's endpoint, as deliver() and the
+            -- general path do; the row version of the endpoint is required as above.
+            -- explain send_first: p_handles uuid[], p_message_type text, v_body bytea
+            WITH sender AS (
+                SELECT ce.conversation_handle, ce.conversation_id, ce.send_sequence, ce.priority,
+                       ce.service_contract_id, ce.lifetime, s.name AS service_name,
+                       mt.message_type_id, t.service_id AS target_id,
+                       t.service_queue_id AS target_queue, b.service_broker_guid::text AS instance,
+                       gen_random_uuid() AS target_handle, gen_random_uuid() AS target_group,
+                       utc_now() AS now
+                  FROM endpoints ce
+                  JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
+                  JOIN service_defs s ON s.service_id = ce.service_id
+                  JOIN queues q ON q.object_id = s.service_queue_id
+                  JOIN message_types mt ON mt.name = p_message_type
+                  JOIN contract_message_usages u
+                    ON u.service_contract_id = ce.service_contract_id
+                   AND u.message_type_id = mt.message_type_id AND u.is_sent_by_initiator
+                  JOIN service_defs t ON t.name = ce.far_service
+                  JOIN queues tq ON tq.object_id = t.service_queue_id
+                  JOIN service_def_contracts tc
+                    ON tc.service_id = t.service_id
+                   AND tc.service_contract_id = ce.service_contract_id
+                  CROSS JOIN broker_identity b
+                 WHERE ce.conversation_handle = p_handles[1]
+                   AND ce.state = 'SO' AND ce.is_initiator AND ce.far_handle IS NULL
+                   AND NOT ce.is_remote
+                   AND mt.validation_kind = 'NONE' AND mt.message_type_id > 2
+                   AND NOT q.is_retention_enabled AND tq.is_enqueue_enabled AND b.is_broker_enabled
+                   AND (ce.to_broker_instance = b.service_broker_guid::text
+                        OR (ce.to_broker_instance IS NULL
+                            AND NOT EXISTS (SELECT 1 FROM route_defs r
+                                             WHERE r.remote_service_name = ce.far_service)
+                            AND EXISTS (SELECT 1 FROM route_defs r
+                                         WHERE r.remote_service_name IS NULL
+                                           AND r.broker_instance IS NULL AND r.address = 'LOCAL'
+                                           AND (r.lifetime IS NULL OR r.lifetime > utc_now()))))
+                   AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint,
+                                               s.service_queue_id, q.principal_id))
+                   AND (SELECT * FROM role_may(pg_get_userbyid(s.principal_id), 'SEND',
+                                               17::smallint, t.service_id, t.principal_id))
+                   AND NOT EXISTS (SELECT 1 FROM transmissions tr
+                                    WHERE tr.conversation_handle = ce.conversation_handle)
+                   AND ce.xmin = (SELECT seen.xmin FROM endpoints seen
+                                   WHERE seen.conversation_handle = p_handles[1])
+                   FOR NO KEY UPDATE OF ce, g
+            ), grouped AS (
+                INSERT INTO dialog_groups (conversation_group_id, service_id)
+                SELECT target_group, target_id FROM sender
+            ), target AS (
+                INSERT INTO endpoints (conversation_handle, conversation_id, is_initiator,
+                                       service_contract_id, conversation_group_id, service_id,
+                                       far_handle, far_service, far_broker_instance, lifetime,
+                                       state, created_at)
+                SELECT target_handle, conversation_id, false, service_contract_id, target_group,
+                       target_id, conversation_handle, service_name, instance, lifetime, 'CO', now
+                  FROM sender
+            ), delivered AS (
+                INSERT INTO queue_messages (queue_id, priority, conversation_group_id,
+                                            conversation_handle, message_sequence_number,
+                                            precedence, service_id, service_contract_id,
+                                            message_type_id, message_body, message_id, enqueued_at)
+                SELECT target_queue, priority, target_group, target_handle, send_sequence, 2,
+                       target_id, service_contract_id, message_type_id, v_body, gen_random_uuid(),
+                       now
+                  FROM sender
+                RETURNING queue_id
+            ), opened AS (
+                -- Local delivery is acknowledged in this transaction, as deliver() records it.
+                UPDATE endpoints ce
+                   SET send_sequence = sender.send_sequence + 1, state = 'CO',
+                       far_handle = sender.target_handle, message0_xid = pg_current_xact_id(),
+                       far_broker_instance = sender.instance
+                  FROM sender
+                 WHERE ce.conversation_handle = sender.conversation_handle
+            )
+            SELECT d.queue_id, EXISTS (SELECT 1 FROM queue_waiters w
+                                        WHERE w.queue_id = d.queue_id)
+              INTO v_queue, v_waiters FROM delivered d;
         END IF;
-        -- Message 0 in one statement: the initiator's first SEND on a dialog whose target
-        -- service is in this broker, found as deliver() finds it (no route names the service,
-        -- the route to any service is LOCAL, or the dialog names this broker), accepting the
-        -- contract, its owner allowed to SEND to it (spec 6), its queue enabled. It creates the
-        -- target's endpoint in a group of its own, stores the message and opens and numbers
-        -- the initiator's endpoint, as deliver() and the general path do; the row version of
-        -- the endpoint is required as above.
-        -- explain send_first: p_handles uuid[], p_message_type text, v_body bytea
-        WITH sender AS (
-            SELECT ce.conversation_handle, ce.conversation_id, ce.send_sequence, ce.priority,
-                   ce.service_contract_id, ce.lifetime, s.name AS service_name,
-                   mt.message_type_id, t.service_id AS target_id,
-                   t.service_queue_id AS target_queue, b.service_broker_guid::text AS instance,
-                   gen_random_uuid() AS target_handle, gen_random_uuid() AS target_group,
-                   utc_now() AS now
-              FROM endpoints ce
-              JOIN dialog_groups g ON g.conversation_group_id = ce.conversation_group_id
-              JOIN service_defs s ON s.service_id = ce.service_id
-              JOIN queues q ON q.object_id = s.service_queue_id
-              JOIN message_types mt ON mt.name = p_message_type
-              JOIN contract_message_usages u
-                ON u.service_contract_id = ce.service_contract_id
-               AND u.message_type_id = mt.message_type_id AND u.is_sent_by_initiator
-              JOIN service_defs t ON t.name = ce.far_service
-              JOIN queues tq ON tq.object_id = t.service_queue_id
-              JOIN service_def_contracts tc
-                ON tc.service_id = t.service_id
-               AND tc.service_contract_id = ce.service_contract_id
-              CROSS JOIN broker_identity b
-             WHERE ce.conversation_handle = p_handles[1]
-               AND ce.state = 'SO' AND ce.is_initiator AND ce.far_handle IS NULL
-               AND NOT ce.is_remote
-               AND mt.validation_kind = 'NONE' AND mt.message_type_id > 2
-               AND NOT q.is_retention_enabled AND tq.is_enqueue_enabled AND b.is_broker_enabled
-               AND (ce.to_broker_instance = b.service_broker_guid::text
-                    OR (ce.to_broker_instance IS NULL
-                        AND NOT EXISTS (SELECT 1 FROM route_defs r
-                                         WHERE r.remote_service_name = ce.far_service)
-                        AND EXISTS (SELECT 1 FROM route_defs r
-                                     WHERE r.remote_service_name IS NULL
-                                       AND r.broker_instance IS NULL AND r.address = 'LOCAL'
-                                       AND (r.lifetime IS NULL OR r.lifetime > utc_now()))))
-               AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint,
-                                           s.service_queue_id, q.principal_id))
-               AND (SELECT * FROM role_may(pg_get_userbyid(s.principal_id), 'SEND',
-                                           17::smallint, t.service_id, t.principal_id))
-               AND NOT EXISTS (SELECT 1 FROM transmissions tr
-                                WHERE tr.conversation_handle = ce.conversation_handle)
-               AND ce.xmin = (SELECT seen.xmin FROM endpoints seen
-                               WHERE seen.conversation_handle = p_handles[1])
-               FOR NO KEY UPDATE OF ce, g
-        ), grouped AS (
-            INSERT INTO dialog_groups (conversation_group_id, service_id)
-            SELECT target_group, target_id FROM sender
-        ), target AS (
-            INSERT INTO endpoints (conversation_handle, conversation_id, is_initiator,
-                                   service_contract_id, conversation_group_id, service_id,
-                                   far_handle, far_service, far_broker_instance, lifetime,
-                                   state, created_at)
-            SELECT target_handle, conversation_id, false, service_contract_id, target_group,
-                   target_id, conversation_handle, service_name, instance, lifetime, 'CO', now
-              FROM sender
-        ), delivered AS (
-            INSERT INTO queue_messages (queue_id, priority, conversation_group_id,
-                                        conversation_handle, message_sequence_number,
-                                        precedence, service_id, service_contract_id,
-                                        message_type_id, message_body, message_id, enqueued_at)
-            SELECT target_queue, priority, target_group, target_handle, send_sequence, 2,
-                   target_id, service_contract_id, message_type_id, v_body, gen_random_uuid(),
-                   now
-              FROM sender
-            RETURNING queue_id
-        ), opened AS (
-            -- Local delivery is acknowledged in this transaction, as deliver() records it.
-            UPDATE endpoints ce
-               SET send_sequence = sender.send_sequence + 1, state = 'CO',
-                   far_handle = sender.target_handle, message0_xid = pg_current_xact_id(),
-                   far_broker_instance = sender.instance
-              FROM sender
-             WHERE ce.conversation_handle = sender.conversation_handle
-        )
-        SELECT d.queue_id, EXISTS (SELECT 1 FROM queue_waiters w
-                                    WHERE w.queue_id = d.queue_id)
-          INTO v_queue, v_waiters FROM delivered d;
         IF v_queue IS NOT NULL THEN
             IF v_waiters THEN
                 PERFORM wake_waiters(v_queue);
