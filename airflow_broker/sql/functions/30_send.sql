@@ -297,6 +297,9 @@ $$;
 -- its generic one on some calls and plan it again on each of them
 -- (test_a_dialogs_statements_are_planned_once_a_session_when_one_conversation_holds_many
 -- failed about one run in three on a loaded machine without it); every lookup is by key.
+-- Both settings hold for the functions send() calls as well (deliver(), route_address(),
+-- hold_for_transmission(), ...), whose statements are key lookups of one table or joins
+-- written from their key in the same way.
 CREATE OR REPLACE FUNCTION send(
     p_handles uuid[],
     p_message_type text,
