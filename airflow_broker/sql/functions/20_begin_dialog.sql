@@ -20,7 +20,9 @@ CREATE OR REPLACE FUNCTION begin_dialog(
     p_to_broker_instance text DEFAULT NULL,
     p_conversation_handle uuid DEFAULT NULL)
 RETURNS uuid LANGUAGE plpgsql SET search_path FROM CURRENT
-SET enable_seqscan = off AS $$
+-- Generic plans, as send(): the one-statement BEGIN DIALOG's lookups are by name and key, and
+-- a custom plan weighed cheaper on some calls would be planned again on each of them.
+SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_service_id integer;
     v_queue_name text;
