@@ -554,3 +554,30 @@ def test_end_conversation_locks_its_endpoint_in_one_statement(app: App) -> None:
     with app.broker.transaction() as tx:
         messages = tx.receive("q_i")
     assert [m.message_type_name for m in messages] == [END_DIALOG]
+
+
+def test_the_common_receive_runs_one_statement(app: App) -> None:
+    """RECEIVE without a WHERE clause is one statement of receive_with_queue() itself, not a
+    call of a function of its own whose rows RETURN QUERY copied again: a new session plans 6
+    statements for a first RECEIVE (7 with that call). A RECEIVE of one conversation goes the
+    general way, through receivable_queue() and take_messages(): 28."""
+    def first_receive(where: bool) -> tuple[int, list[Message]]:
+        handle = app.dialog()
+        with app.broker.transaction() as tx:
+            tx.send(handle, "Req", b"request")
+        target = None
+        if where:
+            with psycopg.connect(app.broker.dsn) as conn:
+                row = conn.execute("SELECT conversation_handle FROM broker.endpoints"
+                                   " WHERE far_handle = %s", [handle]).fetchone()
+            assert row is not None
+            target = row[0]
+        return _plans_in_a_new_session(
+            app, lambda s: s.receive("q_t", conversation_handle=target))
+
+    common, received = first_receive(False)
+    assert [m.message_body for m in received] == [b"request"]
+    general, received = first_receive(True)
+    assert [m.message_body for m in received] == [b"request"]
+    assert common <= 6
+    assert general >= common + 10

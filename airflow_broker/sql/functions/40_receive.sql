@@ -150,87 +150,26 @@ BEGIN
 END
 $$;
 
--- The common RECEIVE in one statement: no WHERE clause, TOP of 1 or more (or none), on a queue
--- its one name finds, that the caller may read, enabled, without retention, in READ
--- COMMITTED. It checks and counts the RECEIVE, locks the first free group among the queue's
--- first ready messages, as lock_next_group() does first, and takes its messages, as
--- take_messages() does. Nothing when any of that does not hold, or the group's messages were
--- taken meanwhile: then receive_with_queue() goes the general way, which raises the errors and
--- counts the RECEIVE itself (this one counts only a RECEIVE that took something).
--- The group is locked after the statement's snapshot was taken, so the DELETE checks again
--- that each message is still ready and in that group: a message taken by the group's previous
--- holder is gone, and one moved to another group (MOVE CONVERSATION) is not taken.
--- One statement rather than the general way's eight, each a round through the executor:
--- about 70 us less of the main backend's CPU a RECEIVE+commit (docs/performance.md).
-CREATE OR REPLACE FUNCTION receive_ready(p_queue text, p_limit bigint)
-RETURNS TABLE (message received_message, queue_object_id integer,
-               queue_poison_handling boolean)
-LANGUAGE plpgsql SET search_path FROM CURRENT
-SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-SET enable_bitmapscan = off SET enable_sort = off AS $$
-BEGIN
-    -- explain receive_ready: p_queue text, p_limit bigint
-    RETURN QUERY
-    WITH q AS (
-        SELECT q.object_id, q.is_poison_message_handling_enabled, q.receive_counter
-          FROM queues q
-         WHERE q.name = p_queue AND q.is_receive_enabled AND NOT q.is_retention_enabled
-           AND NOT EXISTS (SELECT 1 FROM queues q2
-                            WHERE q2.name = p_queue AND q2.object_id <> q.object_id)
-           AND current_setting('transaction_isolation') IN ('read committed',
-                                                            'read uncommitted')
-           AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint, q.object_id,
-                                       q.principal_id))
-    ), locked AS (
-        SELECT g.conversation_group_id
-          FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
-                  FROM queue_messages m
-                 WHERE m.queue_id = (SELECT object_id FROM q) AND m.status = 1
-                 ORDER BY m.priority DESC, m.queuing_order
-                 LIMIT 16) m
-          JOIN dialog_groups g ON g.conversation_group_id = m.conversation_group_id
-         ORDER BY m.priority DESC, m.queuing_order
-         LIMIT 1
-           FOR NO KEY UPDATE OF g SKIP LOCKED
-    ), picked AS (
-        SELECT m.queuing_order FROM queue_messages m
-         WHERE m.conversation_group_id = (SELECT conversation_group_id FROM locked)
-           AND m.queue_id = (SELECT object_id FROM q) AND m.status = 1
-         ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
-         LIMIT p_limit
-    ), taken AS (
-        -- The check again, as one condition that no index can serve: on its own terms the
-        -- planner read a group through the index of ready messages (50,000 entries for
-        -- TOP(10) after an ANALYZE while the queue was empty) instead of the keys picked.
-        DELETE FROM queue_messages m
-         WHERE m.queuing_order = ANY (ARRAY(SELECT queuing_order FROM picked))
-           AND (m.conversation_group_id = (SELECT conversation_group_id FROM locked)
-                AND m.status = 1) IS TRUE
-        RETURNING m.*
-    ), counted AS (
-        SELECT nextval(q.receive_counter) FROM q WHERE EXISTS (SELECT 1 FROM taken)
-    )
-    SELECT ROW(1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
-               t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
-               c.name, t.service_contract_id, mt.name, t.message_type_id,
-               CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END,
-               t.message_body, t.message_id, coalesce(a.attempts, 0))::received_message,
-           q.object_id, q.is_poison_message_handling_enabled
-      FROM taken t
-     CROSS JOIN q
-     CROSS JOIN counted
-      JOIN service_defs s ON s.service_id = t.service_id
-      JOIN contracts c ON c.service_contract_id = t.service_contract_id
-      JOIN message_types mt ON mt.message_type_id = t.message_type_id
-      LEFT JOIN message_attempts a ON a.message_id = t.message_id
-     ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
-END
-$$;
-
 -- RECEIVE, each row with what the client's poison detection records on its side connection:
 -- the queue's id, and whether its receiving transactions are counted. The queue RECEIVE has
 -- just checked is the one named, so no second lookup (and no second permission check) is
 -- needed for it.
+--
+-- The common RECEIVE is its first statement: no WHERE clause, TOP of 1 or more (or none), on
+-- a queue its one name finds, that the caller may read, enabled, without retention, in READ
+-- COMMITTED. It checks and counts the RECEIVE, locks the first free group among the queue's
+-- first ready messages, as lock_next_group() does first, and takes its messages, as
+-- take_messages() does. Nothing when any of that does not hold, or the group's messages were
+-- taken meanwhile: then the general way below raises the errors and counts the RECEIVE itself
+-- (the statement counts only a RECEIVE that took something).
+-- The group is locked after the statement's snapshot was taken, so the DELETE checks again
+-- that each message is still ready and in that group: a message taken by the group's previous
+-- holder is gone, and one moved to another group (MOVE CONVERSATION) is not taken.
+-- One statement rather than the general way's eight, each a round through the executor:
+-- about 70 us less of the main backend's CPU a RECEIVE+commit; in this function rather than
+-- one of its own, whose rows RETURN QUERY copied once more: 20 us less (docs/performance.md).
+-- The planner settings are that statement's (the general way's statements are key lookups,
+-- and the functions it calls set their own).
 CREATE OR REPLACE FUNCTION receive_with_queue(
     p_queue text,
     p_top bigint DEFAULT NULL,
@@ -239,7 +178,8 @@ CREATE OR REPLACE FUNCTION receive_with_queue(
 RETURNS TABLE (message received_message, queue_object_id integer,
                queue_poison_handling boolean)
 LANGUAGE plpgsql SET search_path FROM CURRENT
-SET enable_seqscan = off AS $$
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET enable_bitmapscan = off SET enable_sort = off AS $$
 DECLARE
     q queues;
     v_limit bigint := coalesce(p_top, 9223372036854775807);
@@ -247,7 +187,61 @@ DECLARE
     v_rows bigint;
 BEGIN
     IF p_conversation_handle IS NULL AND p_conversation_group_id IS NULL AND v_limit > 0 THEN
-        RETURN QUERY SELECT * FROM receive_ready(p_queue, v_limit);
+        -- explain receive_ready: p_queue text, v_limit bigint
+        RETURN QUERY
+        WITH rq AS (
+            SELECT rq.object_id, rq.is_poison_message_handling_enabled, rq.receive_counter
+              FROM queues rq
+             WHERE rq.name = p_queue AND rq.is_receive_enabled AND NOT rq.is_retention_enabled
+               AND NOT EXISTS (SELECT 1 FROM queues q2
+                                WHERE q2.name = p_queue AND q2.object_id <> rq.object_id)
+               AND current_setting('transaction_isolation') IN ('read committed',
+                                                                'read uncommitted')
+               AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint, rq.object_id,
+                                           rq.principal_id))
+        ), locked AS (
+            SELECT g.conversation_group_id
+              FROM (SELECT m.conversation_group_id, m.priority, m.queuing_order
+                      FROM queue_messages m
+                     WHERE m.queue_id = (SELECT object_id FROM rq) AND m.status = 1
+                     ORDER BY m.priority DESC, m.queuing_order
+                     LIMIT 16) m
+              JOIN dialog_groups g ON g.conversation_group_id = m.conversation_group_id
+             ORDER BY m.priority DESC, m.queuing_order
+             LIMIT 1
+               FOR NO KEY UPDATE OF g SKIP LOCKED
+        ), picked AS (
+            SELECT m.queuing_order FROM queue_messages m
+             WHERE m.conversation_group_id = (SELECT conversation_group_id FROM locked)
+               AND m.queue_id = (SELECT object_id FROM rq) AND m.status = 1
+             ORDER BY m.conversation_handle, m.precedence, m.message_sequence_number
+             LIMIT v_limit
+        ), taken AS (
+            -- The check again, as one condition that no index can serve: on its own terms the
+            -- planner read a group through the index of ready messages (50,000 entries for
+            -- TOP(10) after an ANALYZE while the queue was empty) instead of the keys picked.
+            DELETE FROM queue_messages m
+             WHERE m.queuing_order = ANY (ARRAY(SELECT queuing_order FROM picked))
+               AND (m.conversation_group_id = (SELECT conversation_group_id FROM locked)
+                    AND m.status = 1) IS TRUE
+            RETURNING m.*
+        ), counted AS (
+            SELECT nextval(rq.receive_counter) FROM rq WHERE EXISTS (SELECT 1 FROM taken)
+        )
+        SELECT ROW(1::smallint, t.priority, t.queuing_order, t.conversation_group_id,
+                   t.conversation_handle, t.message_sequence_number, s.name, t.service_id,
+                   c.name, t.service_contract_id, mt.name, t.message_type_id,
+                   CASE mt.validation_kind WHEN 'NONE' THEN 'N' WHEN 'EMPTY' THEN 'E' ELSE 'X' END,
+                   t.message_body, t.message_id, coalesce(a.attempts, 0))::received_message,
+               rq.object_id, rq.is_poison_message_handling_enabled
+          FROM taken t
+         CROSS JOIN rq
+         CROSS JOIN counted
+          JOIN service_defs s ON s.service_id = t.service_id
+          JOIN contracts c ON c.service_contract_id = t.service_contract_id
+          JOIN message_types mt ON mt.message_type_id = t.message_type_id
+          LEFT JOIN message_attempts a ON a.message_id = t.message_id
+         ORDER BY t.conversation_handle, t.precedence, t.message_sequence_number;
         IF FOUND THEN
             RETURN;
         END IF;
@@ -309,6 +303,9 @@ BEGIN
     PERFORM nextval(q.empty_receive_counter);
 END
 $$;
+
+-- Before receive_with_queue() held the common RECEIVE, a function of its own did.
+DROP FUNCTION IF EXISTS receive_ready(text, bigint);
 
 -- RECEIVE [TOP (p_top)] * FROM p_queue [WHERE conversation_handle = ... |
 -- conversation_group_id = ...].
