@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from airflow_broker.migrations import functions
 
 _MARK = re.compile(r"^[ \t]*-- explain (\w+): (.*(?:\n[ \t]*--   .*)*)$", re.M)
-_INTO = re.compile(r"\s+INTO\s+[\w.,\s]+?(?=\s+FROM\b)")
+_INTO = re.compile(r"\s+INTO\s+[\w.,\s]+?(?=\s+FROM\b|\s*$)")
 _ASSIGNED = re.compile(r"^\w+\s*:=\s*\((.*)\)$", re.S)
 
 

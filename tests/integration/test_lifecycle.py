@@ -101,6 +101,27 @@ def test_T_END_02_end_with_error(app: App) -> None:
     assert endpoint(app.broker, target)["state"] == "CD"  # type: ignore[index]
 
 
+def test_T_END_02_end_removes_the_ending_sides_unreceived_messages(app: App) -> None:
+    """The common END (an open dialog, the peer in this broker) purges in its one statement
+    the messages of the conversation still on the ending side's queue; the peer gets its
+    EndDialog and the other conversation's message stays."""
+    handle, other = app.dialog(), app.dialog()
+    with app.broker.transaction() as tx:
+        tx.send(handle, "Req", b"received")
+        tx.send(handle, "Req", b"never received")
+        tx.send(other, "Req", b"another conversation")
+    with app.broker.transaction() as tx:
+        first = tx.receive("q_t", top=1)
+        assert [m.message_body for m in first] == [b"received"]
+        tx.end_conversation(first[0].conversation_handle)
+    with app.broker.transaction() as tx:
+        left = tx.receive("q_t")
+        at_initiator = tx.receive("q_i")
+    assert [m.message_body for m in left] == [b"another conversation"]
+    assert [m.message_type_name for m in at_initiator] == [END_DIALOG]
+    assert at_initiator[0].conversation_handle == handle
+
+
 @pytest.mark.parametrize(
     ("kwargs", "number"),
     [({"error": 0, "description": "x"}, 50109), ({"error": -5, "description": "x"}, 50109),

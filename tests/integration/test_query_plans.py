@@ -536,9 +536,10 @@ def test_the_common_begin_dialog_runs_one_statement(app: App) -> None:
 
 def test_end_conversation_locks_its_endpoint_in_one_statement(app: App) -> None:
     """END CONVERSATION finds, checks and locks its endpoint in one statement (the endpoint
-    and its group locked where the caller may RECEIVE on its service's queue): a new
-    session plans 17 statements for the target's END of a dialog, where lock_endpoint()'s
-    call and its two statements made it 21; the initiator then receives the EndDialog. A
+    and its group locked where the caller may RECEIVE on its service's queue), and purges the
+    conversation's unreceived messages in the statement that ends it: a new session plans 16
+    statements for the target's END of a dialog, where lock_endpoint()'s call and its two
+    statements, and the purge's two, made it 21; the initiator then receives the EndDialog. A
     login without that right still gets its error from lock_endpoint() (the permission
     matrix in tests/least_privilege)."""
     def plans_of_a_first_end() -> int:
@@ -550,7 +551,7 @@ def test_end_conversation_locks_its_endpoint_in_one_statement(app: App) -> None:
             app, lambda s: s.end_conversation(received[0].conversation_handle),
             prepare=lambda s: received.extend(s.receive("q_t")))[0]
 
-    assert plans_of_a_first_end() <= 17
+    assert plans_of_a_first_end() <= 16
     with app.broker.transaction() as tx:
         messages = tx.receive("q_i")
     assert [m.message_type_name for m in messages] == [END_DIALOG]

@@ -57,6 +57,9 @@ DECLARE
     v_peer_sent bigint;
     v_queue integer;
     v_group uuid;
+    v_waiters boolean;
+    v_common boolean;
+    v_audited bigint;
 BEGIN
     -- The endpoint and its group locked, when the caller may RECEIVE on its service's queue:
     -- what lock_endpoint() does, in one statement instead of a call and two. Anything else
@@ -122,11 +125,18 @@ BEGIN
         END IF;
     END IF;
 
-    -- Unreceived messages of the conversation go; an Error among them is audited first.
-    PERFORM audit_error(p_handle, m.message_body, 'purged by END CONVERSATION before it was received')
-       FROM queue_messages m
-      WHERE m.conversation_handle = p_handle AND m.message_type_id = 1 AND m.status = 1;
-    DELETE FROM queue_messages WHERE conversation_handle = p_handle;
+    -- The common END: the peer is in this broker (below).
+    v_common := NOT p_with_error AND e.state = 'CO' AND e.far_handle IS NOT NULL
+                AND NOT e.is_remote;
+    IF NOT v_common THEN
+        -- Unreceived messages of the conversation go; an Error among them is audited first.
+        -- (The common END's statement purges them itself.)
+        PERFORM audit_error(p_handle, m.message_body,
+                            'purged by END CONVERSATION before it was received')
+           FROM queue_messages m
+          WHERE m.conversation_handle = p_handle AND m.message_type_id = 1 AND m.status = 1;
+        DELETE FROM queue_messages WHERE conversation_handle = p_handle;
+    END IF;
 
     IF e.state = 'SO' AND NOT EXISTS (SELECT 1 FROM transmissions
                                        WHERE conversation_handle = p_handle) THEN
@@ -140,17 +150,21 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    IF NOT p_with_error AND e.state = 'CO' AND e.far_handle IS NOT NULL
-       AND NOT e.is_remote THEN
+    IF v_common THEN
         -- The common END: the peer is in this broker, open, not held by another transaction,
         -- on an enabled queue, and nothing waits in the transmission queue. One statement
-        -- does what deliver() and the endpoint's UPDATE below do for it (each statement of a
-        -- PL/pgSQL function is a round through the executor); when any condition does not
-        -- hold it finds no peer, and the general path decides.
+        -- purges the conversation's unreceived messages (auditing an Error among them) and
+        -- does what deliver() and the endpoint's UPDATE below do (each statement of a PL/pgSQL
+        -- function is a round through the executor); when any condition does not hold it
+        -- finds no peer, and the general path decides, with the messages purged.
         -- explain end_local: e.far_handle uuid, p_handle uuid, e.priority smallint,
         --   e.send_sequence bigint, e.service_contract_id integer, e.is_initiator boolean,
         --   e.flag_sent_at timestamp, e.message0_xid xid8
-        WITH peer AS (
+        WITH purged AS (
+            DELETE FROM queue_messages m
+             WHERE m.conversation_handle = p_handle
+            RETURNING m.message_type_id, m.status, m.message_body
+        ), peer AS (
             SELECT p.conversation_handle, p.conversation_group_id, p.service_id,
                    p.send_sequence, p.flag_sent_at, ps.service_queue_id, utc_now() AS now
               FROM endpoints p
@@ -198,7 +212,13 @@ BEGIN
               FROM peer
              WHERE ce.conversation_handle = p_handle AND NOT e.is_initiator
         )
-        SELECT ended.queue_id, peer.send_sequence INTO v_queue, v_peer_sent FROM ended, peer;
+        -- One row whatever was found: the audit of the purged messages always runs.
+        SELECT (SELECT queue_id FROM ended), (SELECT send_sequence FROM peer),
+               EXISTS (SELECT 1 FROM ended d JOIN queue_waiters w ON w.queue_id = d.queue_id),
+               (SELECT count(audit_error(p_handle, message_body,
+                                         'purged by END CONVERSATION before it was received'))
+                  FROM purged WHERE message_type_id = 1 AND status = 1)
+          INTO v_queue, v_peer_sent, v_waiters, v_audited;
         IF v_queue IS NOT NULL THEN
             IF e.is_initiator THEN
                 IF e.message0_xid = pg_current_xact_id() AND v_peer_sent = 0 THEN
@@ -206,7 +226,9 @@ BEGIN
                 END IF;
                 PERFORM delete_endpoint(p_handle);
             END IF;
-            PERFORM wake_waiters(v_queue);
+            IF v_waiters THEN
+                PERFORM wake_waiters(v_queue);
+            END IF;
             RETURN v_warning;
         END IF;
     END IF;
