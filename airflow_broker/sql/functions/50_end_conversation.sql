@@ -212,7 +212,10 @@ BEGIN
               FROM peer
              WHERE ce.conversation_handle = p_handle AND NOT e.is_initiator
         )
-        -- One row whatever was found: the audit of the purged messages always runs.
+        -- One row whatever was found: the audit of the purged messages always runs. (The
+        -- broker puts an Error on a queue only as it moves the endpoint to ERROR or
+        -- DISCONNECTED_INBOUND, so an open endpoint has none today, and the audit keeps END's
+        -- rule without depending on that. v_audited only receives the count.)
         SELECT (SELECT queue_id FROM ended), (SELECT send_sequence FROM peer),
                EXISTS (SELECT 1 FROM ended d JOIN queue_waiters w ON w.queue_id = d.queue_id),
                (SELECT count(audit_error(p_handle, message_body,
