@@ -151,17 +151,47 @@ def test_T_PM_01_a_record_lost_with_its_connection_is_sent_again(watched: App) -
     assert not is_enabled(broker)
 
 
-def test_a_record_sent_twice_holds_its_messages_once(app: App) -> None:
+def test_T_PM_01_a_record_sent_twice_counts_its_transaction_once(watched: App) -> None:
+    """A record sent again after its connection was lost may have been written the first time
+    too: the rolled-back transaction still counts once, and each of its messages once."""
+    broker = watched.broker
+    fill(watched)
     message_ids = [uuid.uuid4(), uuid.uuid4()]
-    with psycopg.connect(app.broker.dsn, autocommit=True) as conn:
+    with psycopg.connect(broker.dsn, autocommit=True) as conn:
         queue_id = conn.execute("SELECT object_id FROM broker.service_queues"
                                 " WHERE name = 'q_t'").fetchone()
+        assert queue_id is not None
+        with conn.transaction(force_rollback=True):
+            xid = conn.execute("SELECT pg_current_xact_id()").fetchone()
+        assert xid is not None
         for ids in (message_ids, message_ids, message_ids[1:]):
-            conn.execute("SELECT broker.register_receive(%s, '123456'::xid8, %s, 1)",
-                         [queue_id[0] if queue_id else None, ids])
-        kept = conn.execute("SELECT message_ids FROM broker.receive_log"
-                            " WHERE xid = '123456'::xid8").fetchall()
-    assert kept == [(message_ids,)]
+            conn.execute("SELECT broker.register_receive(%s, %s, %s, 1)",
+                         [queue_id[0], xid[0], ids])
+        conn.execute("SELECT broker.resolve_receives(%s)", [queue_id[0]])
+        attempts = conn.execute("SELECT message_id, attempts FROM broker.message_attempts"
+                                " WHERE message_id = ANY (%s)", [message_ids]).fetchall()
+    assert sorted(attempts) == sorted((m, 1) for m in message_ids)
+    assert count(broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                         " WHERE name = 'q_t'") == 1
+    assert count(broker, "SELECT count(*) FROM broker.receive_log") == 0
+
+
+def test_T_PM_01_a_transaction_that_received_twice_counts_once(watched: App) -> None:
+    """Two RECEIVEs in one rolled-back transaction are one rollback: four such transactions
+    leave the queue enabled, and each message comes back with one attempt per transaction."""
+    broker = watched.broker
+    fill(watched, 2)
+    for attempt in range(4):
+        with pytest.raises(RuntimeError), broker.transaction() as tx:
+            first = tx.receive("q_t", 1)
+            second = tx.receive("q_t", 1)
+            assert [m.attempts for m in first + second] == [attempt, attempt]
+            raise RuntimeError("processing fails")
+    assert is_enabled(broker)
+    assert count(broker, "SELECT consecutive_rollbacks FROM broker.queues"
+                         " WHERE name = 'q_t'") == 4
+    fail_once(broker)
+    assert not is_enabled(broker)
 
 
 def test_T_PM_01_pipelined_rollbacks_count_as_any_others(watched: App) -> None:

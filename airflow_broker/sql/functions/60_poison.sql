@@ -19,8 +19,9 @@ BEGIN
     -- Only a reader of the queue records receives of it: a forged record could disable it.
     -- The check is part of the INSERT (its common case costs no statement of its own); when
     -- it fails, require_on_queue() raises.
-    -- A record is sent again when its connection was lost before its answer came, and may
-    -- have been written the first time: the ids it already holds are not added twice.
+    -- A transaction that received twice, or whose record was sent again after its connection
+    -- was lost before the answer came, has more than one row: resolve_receives() counts it
+    -- once.
     -- explain register_receive: p_queue_id integer, p_xid xid8, p_message_ids uuid[],
     --   p_backend_pid integer
     INSERT INTO receive_log (queue_id, xid, message_ids, backend_pid, received_at)
@@ -28,11 +29,7 @@ BEGIN
       FROM queues q
      WHERE q.object_id = p_queue_id
        AND (SELECT * FROM role_may(session_user, 'RECEIVE', 1::smallint, q.object_id,
-                                   q.principal_id))
-    ON CONFLICT (queue_id, xid)
-    DO UPDATE SET message_ids = receive_log.message_ids
-                                || ARRAY(SELECT m FROM unnest(EXCLUDED.message_ids) m
-                                          WHERE m <> ALL (receive_log.message_ids));
+                                   q.principal_id));
     IF NOT FOUND THEN
         PERFORM require_visible_queue('RECEIVE', p_queue_id, 15151, 'queue',
                                       coalesce(p_queue_id::text, 'NULL'));
@@ -73,7 +70,20 @@ BEGIN
                                                     q.object_id);
         SELECT consecutive_rollbacks INTO v_streak FROM queues WHERE object_id = q.object_id;
         v_streak_messages := '{}';
-        FOR r IN SELECT * FROM receive_log WHERE queue_id = q.object_id ORDER BY receive_id LOOP
+        -- A transaction's first row stands for all of its rows, with their messages.
+        FOR r IN
+            SELECT l.xid,
+                   ARRAY(SELECT DISTINCT m FROM receive_log s, unnest(s.message_ids) m
+                          WHERE s.queue_id = l.queue_id AND s.xid = l.xid) AS message_ids,
+                   ARRAY(SELECT s.receive_id FROM receive_log s
+                          WHERE s.queue_id = l.queue_id AND s.xid = l.xid) AS receive_ids
+              FROM receive_log l
+             WHERE l.queue_id = q.object_id
+               AND NOT EXISTS (SELECT 1 FROM receive_log e
+                                WHERE e.queue_id = l.queue_id AND e.xid = l.xid
+                                  AND e.receive_id < l.receive_id)
+             ORDER BY l.receive_id
+        LOOP
             v_status := pg_xact_status(r.xid);
             EXIT WHEN v_status = 'in progress';
             IF v_status = 'committed' THEN
@@ -95,7 +105,8 @@ BEGIN
                 END IF;
             END IF;
             -- (NULL: too old to know; it neither counts nor resets.)
-            DELETE FROM receive_log WHERE receive_id = r.receive_id;
+            -- The rows this pass read, not one written since: the next pass has that one.
+            DELETE FROM receive_log WHERE receive_id = ANY (r.receive_ids);
         END LOOP;
         UPDATE queues SET consecutive_rollbacks = v_streak WHERE object_id = q.object_id;
     END LOOP;
