@@ -70,19 +70,16 @@ BEGIN
                                                     q.object_id);
         SELECT consecutive_rollbacks INTO v_streak FROM queues WHERE object_id = q.object_id;
         v_streak_messages := '{}';
-        -- A transaction's first row stands for all of its rows, with their messages.
+        -- Each transaction once, in the order of its first row, with the messages of all.
         FOR r IN
-            SELECT l.xid,
-                   ARRAY(SELECT DISTINCT m FROM receive_log s, unnest(s.message_ids) m
-                          WHERE s.queue_id = l.queue_id AND s.xid = l.xid) AS message_ids,
-                   ARRAY(SELECT s.receive_id FROM receive_log s
-                          WHERE s.queue_id = l.queue_id AND s.xid = l.xid) AS receive_ids
+            SELECT l.xid, array_agg(DISTINCT l.receive_id) AS receive_ids,
+                   coalesce(array_agg(DISTINCT m) FILTER (WHERE m IS NOT NULL), '{}')
+                       AS message_ids
               FROM receive_log l
+              LEFT JOIN LATERAL unnest(l.message_ids) m ON true
              WHERE l.queue_id = q.object_id
-               AND NOT EXISTS (SELECT 1 FROM receive_log e
-                                WHERE e.queue_id = l.queue_id AND e.xid = l.xid
-                                  AND e.receive_id < l.receive_id)
-             ORDER BY l.receive_id
+             GROUP BY l.xid
+             ORDER BY min(l.receive_id)
         LOOP
             v_status := pg_xact_status(r.xid);
             EXIT WHEN v_status = 'in progress';
